@@ -1,0 +1,195 @@
+//! Test support: throwaway PostgreSQL clusters.
+//!
+//! Each [`Cluster`] runs `initdb` into its own directory under `/tmp`, starts
+//! `postgres` on a free TCP port of 127.0.0.1 (its unix socket stays in the
+//! cluster directory), and is stopped and removed on drop, also when a test
+//! panics. As root, server programs run through `tools/as-user`.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+/// The server builds to test against: `(label, bin dir)`. Missing ones are
+/// skipped with a notice on stderr.
+pub fn servers() -> Vec<(&'static str, PathBuf)> {
+    let mut v = Vec::new();
+    let pg15 = std::env::var_os("PGWAL_PG15_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/lib/postgresql/15/bin"));
+    let pg18 = std::env::var_os("PGWAL_PG18_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".build/install/check/bin"));
+    for (label, dir) in [("pg15", pg15), ("pg18", pg18)] {
+        if dir.join("postgres").exists() {
+            v.push((label, dir));
+        } else {
+            eprintln!("NOTICE: skipping {label}: no server in {}", dir.display());
+        }
+    }
+    assert!(!v.is_empty(), "no PostgreSQL server found to test against");
+    v
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+fn server_cmd(program: &Path) -> Command {
+    if is_root() {
+        let mut c = Command::new(repo_root().join("tools/as-user"));
+        c.arg(program);
+        c
+    } else {
+        Command::new(program)
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn run(mut c: Command, what: &str) {
+    let out = c.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A running throwaway cluster.
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub bin: PathBuf,
+    pub port: u16,
+    pub label: &'static str,
+    /// Server major version, e.g. 15.
+    pub major: u32,
+}
+
+/// Extra `pg_hba.conf` lines go before the catch-all `trust` lines.
+#[derive(Default)]
+pub struct Options {
+    pub hba: Vec<String>,
+    pub conf: Vec<String>,
+}
+
+
+impl Cluster {
+    pub fn start(label: &'static str, bin: &Path, opts: Options) -> Cluster {
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let dir = PathBuf::from(format!("/tmp/pgwal-test-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let data = dir.join("data");
+        if is_root() {
+            let user = Command::new(repo_root().join("tools/as-user")).arg("--ensure").output().unwrap();
+            let user = String::from_utf8_lossy(&user.stdout).trim().to_owned();
+            run(
+                {
+                    let mut c = Command::new("chown");
+                    c.arg(&user).arg(&dir);
+                    c
+                },
+                "chown",
+            );
+        }
+        let mut cluster = Cluster { dir: dir.clone(), bin: bin.to_owned(), port: 0, label, major: 0 };
+        let mut c = server_cmd(&bin.join("initdb"));
+        c.args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync", "-D"]).arg(&data);
+        run(c, "initdb");
+        let port = free_port();
+        cluster.port = port;
+        let mut conf = format!(
+            "listen_addresses = '127.0.0.1'\nport = {port}\nunix_socket_directories = '{}'\n\
+             wal_level = logical\nmax_replication_slots = 20\nmax_wal_senders = 20\n\
+             max_prepared_transactions = 10\nfsync = off\nsynchronous_commit = off\n\
+             shared_buffers = 32MB\nlog_min_messages = warning\n",
+            dir.display()
+        );
+        for l in &opts.conf {
+            conf.push_str(l);
+            conf.push('\n');
+        }
+        let append = |file: &str, text: &str| {
+            let mut f = std::fs::OpenOptions::new().append(true).open(data.join(file)).unwrap();
+            f.write_all(text.as_bytes()).unwrap();
+        };
+        append("postgresql.conf", &conf);
+        let mut hba = String::new();
+        for l in &opts.hba {
+            hba.push_str(l);
+            hba.push('\n');
+        }
+        hba.push_str("host all all 127.0.0.1/32 trust\nhost replication all 127.0.0.1/32 trust\n");
+        // Our lines must come first: rewrite the file.
+        std::fs::write(data.join("pg_hba.conf"), format!("local all all trust\n{hba}")).unwrap();
+        let mut c = server_cmd(&bin.join("pg_ctl"));
+        c.args(["-w", "-t", "60", "-D"]).arg(&data).arg("-l").arg(dir.join("server.log")).arg("start");
+        c.stdout(Stdio::null());
+        run(c, "pg_ctl start");
+        cluster.major = cluster.query("SHOW server_version_num").trim().parse::<u32>().unwrap() / 10000;
+        cluster
+    }
+
+    /// Runs SQL through psql (statement by statement, stop on error) and
+    /// returns unaligned, tuples-only output.
+    pub fn psql(&self, sql: &str) -> String {
+        let mut c = Command::new(self.bin.join("psql"));
+        c.args(["-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres"])
+            .arg("-p")
+            .arg(self.port.to_string())
+            .arg("-f")
+            .arg("-")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        child.stdin.take().unwrap().write_all(sql.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "psql failed on\n{sql}\n{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// One query, trimmed output.
+    pub fn query(&self, sql: &str) -> String {
+        self.psql(sql).trim().to_owned()
+    }
+
+    /// `host=127.0.0.1 port=... user=postgres dbname=postgres`
+    pub fn conninfo(&self, user: &str) -> String {
+        format!("host=127.0.0.1 port={} user={user} dbname=postgres", self.port)
+    }
+
+    pub fn server_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let mut c = server_cmd(&self.bin.join("pg_ctl"));
+        c.args(["-m", "immediate", "-w", "-D"]).arg(self.dir.join("data")).arg("stop");
+        c.stdout(Stdio::null()).stderr(Stdio::null());
+        let _ = c.status();
+        if std::thread::panicking() {
+            eprintln!("--- server log of {} ---\n{}", self.label, self.server_log());
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

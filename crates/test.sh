@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Tests of the pgwal crates: clippy, then unit, doc and integration tests.
+# Integration tests start their own PostgreSQL clusters: stock 15 from
+# $PGWAL_PG15_BIN (default /usr/lib/postgresql/15/bin) and 18 from
+# $PGWAL_PG18_BIN (default <repo>/.build/install/check/bin, skipped with a
+# notice when absent). Run from anywhere; installs PostgreSQL 15 if missing.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+cd "$here"
+
+pg15=${PGWAL_PG15_BIN:-/usr/lib/postgresql/15/bin}
+if [ ! -x "$pg15/postgres" ]; then
+	echo "test.sh: installing postgresql-15 (no server in $pg15)"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -q
+	apt-get install -y -q postgresql-15 postgresql-client-15
+fi
+if ! command -v cargo >/dev/null; then
+	echo "test.sh: cargo is required" >&2
+	exit 1
+fi
+
+packages=(-p pgwal-protocol -p pgwal -p pgwal-cli)
+if cargo clippy --version >/dev/null 2>&1; then
+	cargo clippy "${packages[@]}" --all-targets -q -- -D warnings
+fi
+cargo test "${packages[@]}" 2>&1
