@@ -1,0 +1,37 @@
+# Thin entry points; the real work is in server/pg, tools/, crates/ and lab/.
+
+.PHONY: demo test server-apply server-export server-build server-build-bench server-test clean-build help
+
+help:
+	@echo "make demo               the durability-modes demo on a throwaway cluster"
+	@echo "make test               every test suite (server, crates, lab)"
+	@echo "make server-apply       import PostgreSQL 18 and apply server/patches into .build/pg"
+	@echo "make server-export      regenerate server/patches from .build/pg"
+	@echo "make server-build       build and install the assert-enabled (check) flavour"
+	@echo "make server-build-bench build and install the optimised (bench) flavour"
+	@echo "make server-test        only the server suites"
+
+demo:
+	@if [ -x lab/demo.sh ]; then exec lab/demo.sh; else \
+		echo "make demo arrives with the lab (issue: lab); 'make test' works today"; fi
+
+test:
+	tools/test-all
+
+server-apply:
+	server/pg apply
+
+server-export:
+	server/pg export
+
+server-build:
+	server/pg build --flavour check
+
+server-build-bench:
+	server/pg build --flavour bench
+
+server-test:
+	server/pg test
+
+clean-build:
+	rm -rf .build
