@@ -20,6 +20,11 @@ if ! command -v cargo >/dev/null; then
 	exit 1
 fi
 
+pg18=${PGWAL_PG18_BIN:-$(cd .. && pwd)/.build/install/check/bin}
+if [ ! -x "$pg18/postgres" ]; then
+	echo "test.sh: NOTICE: no PostgreSQL 18 in $pg18; its integration tests are skipped"
+fi
+
 packages=(-p pgwal-protocol -p pgwal -p pgwal-cli)
 if cargo clippy --version >/dev/null 2>&1; then
 	cargo clippy "${packages[@]}" --all-targets -q -- -D warnings

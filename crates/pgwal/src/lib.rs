@@ -1,1 +1,60 @@
-//! x
+//! PostgreSQL logical replication on Tokio, with exact acknowledgements.
+//!
+//! Layers:
+//!
+//! * [`pgwal_protocol`] (re-exported as [`protocol`]): sans-IO messages;
+//! * [`Config`]: connection strings, environment, password file, TLS modes;
+//! * [`ReplicationClient`]: a replication connection (startup, cleartext /
+//!   MD5 / SCRAM-SHA-256 authentication, TLS through rustls) and the
+//!   replication commands;
+//! * [`LogicalStream`]: a `futures::Stream` of typed [`Event`]s whose
+//!   feedback reports only what the consumer acknowledged.
+//!
+//! # Acknowledgement semantics
+//!
+//! * The consumer calls [`LogicalStream::ack`] (or [`AckHandle::ack`]) with
+//!   an event's [`Event::ack_lsn`] once that event and all before it are
+//!   durably processed.
+//! * Feedback (standby status updates, every
+//!   [`StreamConfig::status_interval`] and whenever the server asks) reports
+//!   the acknowledged position as write/flush/apply, never a merely received one.
+//! * After a connection loss the stream reconnects and restarts at the
+//!   acknowledged position; an [`Event::Reconnected`] marks the restart and
+//!   every unacknowledged event is delivered again (at-least-once).
+//! * When every received event is acknowledged and no transaction is open,
+//!   the server's keepalive WAL position is confirmed, so an idle
+//!   publication never pins WAL.
+//! * Events pass through a bounded buffer: a slow consumer stops the reading
+//!   of the socket (backpressure), never the feedback timer.
+#![warn(missing_docs, rust_2018_idioms)]
+#![forbid(unsafe_code)]
+
+mod client;
+mod commands;
+mod config;
+mod error;
+mod event;
+mod framing;
+mod logical_stream;
+mod pgpass;
+mod progress;
+mod relations;
+mod retry;
+mod socket;
+mod startup;
+mod stream_config;
+mod tls;
+mod worker;
+
+pub use client::{ReplicationClient, SimpleRow};
+pub use commands::{CreateSlotOptions, IdentifySystem, SlotInfo, SlotSnapshot, TimelineHistory};
+pub use config::{Config, SslMode};
+pub use error::{DbError, Error, Result};
+pub use event::{Change, Event, Row, TruncateEvent};
+pub use logical_stream::LogicalStream;
+pub use progress::AckHandle;
+pub use retry::RetryConfig;
+pub use stream_config::{StreamConfig, Streaming};
+
+pub use pgwal_protocol as protocol;
+pub use pgwal_protocol::Lsn;

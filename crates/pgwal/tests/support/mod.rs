@@ -193,3 +193,18 @@ impl Drop for Cluster {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// Runs `f` on a multi-threaded Tokio runtime.
+pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+/// A connection config for `user` on `c` (TLS off).
+pub fn config(c: &Cluster, user: &str) -> pgwal::Config {
+    format!("{} sslmode=disable application_name=pgwal_test", c.conninfo(user)).parse().unwrap()
+}

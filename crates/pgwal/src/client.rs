@@ -1,0 +1,303 @@
+//! A replication connection: simple queries and replication commands.
+
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use fallible_iterator::FallibleIterator;
+use postgres_protocol::message::backend::Message;
+use postgres_protocol::message::frontend;
+use tokio::io::{split, AsyncWriteExt, ReadHalf, WriteHalf};
+
+use crate::commands::{
+    quote_literal, validate_slot_name, CreateSlotOptions, IdentifySystem, SlotInfo, SlotSnapshot, TimelineHistory,
+};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::framing::{Backend, FrameReader};
+use crate::socket::{self, Socket};
+use crate::startup;
+use pgwal_protocol::Lsn;
+
+/// One row of a simple query result, in text format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimpleRow {
+    columns: Arc<[String]>,
+    values: Vec<Option<String>>,
+}
+
+impl SimpleRow {
+    /// The value of column `name` (`None` for NULL or no such column).
+    pub fn get(&self, name: &str) -> Option<&str> {
+        let i = self.columns.iter().position(|c| c == name)?;
+        self.values[i].as_deref()
+    }
+
+    /// The value at `index`.
+    pub fn get_index(&self, index: usize) -> Option<&str> {
+        self.values.get(index)?.as_deref()
+    }
+
+    /// Column names.
+    pub fn columns(&self) -> &[String] {
+        &self.columns
+    }
+}
+
+/// A connection in logical replication mode (`replication=database`).
+///
+/// It accepts replication commands and plain SQL. [`start_logical_replication`]
+/// consumes it and hands back the raw CopyBoth halves; most users want
+/// [`LogicalStream`](crate::LogicalStream) instead.
+///
+/// [`start_logical_replication`]: Self::start_logical_replication
+///
+/// ```no_run
+/// # async fn f() -> Result<(), pgwal::Error> {
+/// let config = "host=127.0.0.1 user=postgres dbname=app".parse()?;
+/// let mut client = pgwal::ReplicationClient::connect(&config).await?;
+/// let sys = client.identify_system().await?;
+/// println!("system {} at {}", sys.system_id, sys.xlog_pos);
+/// # Ok(()) }
+/// ```
+pub struct ReplicationClient {
+    pub(crate) reader: FrameReader<ReadHalf<Box<dyn Socket>>>,
+    pub(crate) writer: WriteHalf<Box<dyn Socket>>,
+    parameters: Vec<(String, String)>,
+    backend_pid: i32,
+    buf: BytesMut,
+}
+
+impl std::fmt::Debug for ReplicationClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicationClient").field("backend_pid", &self.backend_pid).finish_non_exhaustive()
+    }
+}
+
+impl ReplicationClient {
+    /// Connects, negotiates TLS, authenticates.
+    pub async fn connect(config: &Config) -> Result<ReplicationClient> {
+        Self::connect_mode(config, true).await
+    }
+
+    /// Connects without replication mode (a normal SQL session), e.g. for
+    /// reading a snapshot.
+    pub async fn connect_sql(config: &Config) -> Result<ReplicationClient> {
+        Self::connect_mode(config, false).await
+    }
+
+    async fn connect_mode(config: &Config, replication: bool) -> Result<ReplicationClient> {
+        let t = socket::connect(config).await?;
+        let (r, mut w) = split(t.io);
+        let mut reader = FrameReader::new(r);
+        let info = startup::startup(config, t.tls_end_point, &mut reader, &mut w, replication).await?;
+        Ok(ReplicationClient {
+            reader,
+            writer: w,
+            parameters: info.parameters,
+            backend_pid: info.backend_pid,
+            buf: BytesMut::new(),
+        })
+    }
+
+    /// The server process id serving this connection (the walsender).
+    pub fn backend_pid(&self) -> i32 {
+        self.backend_pid
+    }
+
+    /// A server parameter reported at startup, e.g. `server_version`.
+    pub fn parameter(&self, name: &str) -> Option<&str> {
+        self.parameters.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+
+    /// The server's major version (e.g. 15), from `server_version`.
+    pub fn server_major_version(&self) -> Option<u32> {
+        let v = self.parameter("server_version")?;
+        v.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    }
+
+    pub(crate) async fn send_query(&mut self, sql: &str) -> Result<()> {
+        frontend::query(sql, &mut self.buf)?;
+        self.writer.write_all(&self.buf).await?;
+        self.writer.flush().await?;
+        self.buf.clear();
+        Ok(())
+    }
+
+    /// Runs one or more SQL statements or a replication command with the
+    /// simple query protocol; returns the rows of the last result set.
+    pub async fn simple_query(&mut self, sql: &str) -> Result<Vec<SimpleRow>> {
+        self.send_query(sql).await?;
+        let mut rows = Vec::new();
+        let mut columns: Arc<[String]> = Arc::from(Vec::new());
+        let mut error = None;
+        loop {
+            match self.reader.read().await? {
+                Backend::Other(Message::RowDescription(d)) => {
+                    let names: Vec<String> = d.fields().map(|f| Ok(f.name().to_owned())).collect()?;
+                    columns = names.into();
+                    rows.clear();
+                }
+                Backend::Other(Message::DataRow(d)) => {
+                    let buf = d.buffer();
+                    let values: Vec<Option<String>> = d
+                        .ranges()
+                        .map(|r| Ok(r.map(|r| String::from_utf8_lossy(&buf[r]).into_owned())))
+                        .collect()?;
+                    rows.push(SimpleRow {
+                        columns: columns.clone(),
+                        values,
+                    });
+                }
+                Backend::Other(Message::ErrorResponse(b)) => {
+                    error = Some(crate::framing::db_error(b.fields())?);
+                }
+                Backend::Other(Message::ReadyForQuery(_)) => break,
+                Backend::Other(_) => {}
+                Backend::CopyData(_) | Backend::CopyBothResponse => {
+                    return Err(Error::UnexpectedMessage {
+                        context: "simple query",
+                        tag: b'W',
+                    })
+                }
+            }
+        }
+        match error {
+            Some(e) => Err(Error::Db(e)),
+            None => Ok(rows),
+        }
+    }
+
+    /// `IDENTIFY_SYSTEM`.
+    pub async fn identify_system(&mut self) -> Result<IdentifySystem> {
+        let rows = self.simple_query("IDENTIFY_SYSTEM").await?;
+        let r = rows.first().ok_or(Error::BadResult("IDENTIFY_SYSTEM"))?;
+        Ok(IdentifySystem {
+            system_id: r.get("systemid").ok_or(Error::BadResult("IDENTIFY_SYSTEM"))?.to_owned(),
+            timeline: r.get("timeline").and_then(|t| t.parse().ok()).ok_or(Error::BadResult("IDENTIFY_SYSTEM"))?,
+            xlog_pos: r.get("xlogpos").and_then(|t| t.parse().ok()).ok_or(Error::BadResult("IDENTIFY_SYSTEM"))?,
+            dbname: r.get("dbname").map(str::to_owned),
+        })
+    }
+
+    /// `CREATE_REPLICATION_SLOT ... LOGICAL pgoutput (...)` (PostgreSQL 15+ syntax).
+    pub async fn create_logical_slot(&mut self, name: &str, opts: &CreateSlotOptions) -> Result<SlotInfo> {
+        validate_slot_name(name)?;
+        let mut sql = format!("CREATE_REPLICATION_SLOT {name}");
+        if opts.temporary {
+            sql.push_str(" TEMPORARY");
+        }
+        sql.push_str(" LOGICAL pgoutput");
+        let mut o = Vec::new();
+        if opts.two_phase {
+            o.push("TWO_PHASE true".to_owned());
+        }
+        if opts.failover {
+            o.push("FAILOVER true".to_owned());
+        }
+        match opts.snapshot {
+            SlotSnapshot::Export => o.push("SNAPSHOT 'export'".to_owned()),
+            SlotSnapshot::Use => o.push("SNAPSHOT 'use'".to_owned()),
+            SlotSnapshot::Nothing => o.push("SNAPSHOT 'nothing'".to_owned()),
+        }
+        sql.push_str(&format!(" ({})", o.join(", ")));
+        let rows = self.simple_query(&sql).await?;
+        let r = rows.first().ok_or(Error::BadResult("CREATE_REPLICATION_SLOT"))?;
+        Ok(SlotInfo {
+            slot_name: r.get("slot_name").unwrap_or(name).to_owned(),
+            consistent_point: r
+                .get("consistent_point")
+                .and_then(|l| l.parse().ok())
+                .ok_or(Error::BadResult("CREATE_REPLICATION_SLOT"))?,
+            snapshot_name: r.get("snapshot_name").map(str::to_owned),
+            output_plugin: r.get("output_plugin").map(str::to_owned),
+        })
+    }
+
+    /// `DROP_REPLICATION_SLOT name [WAIT]`.
+    pub async fn drop_slot(&mut self, name: &str, wait: bool) -> Result<()> {
+        validate_slot_name(name)?;
+        let sql = format!("DROP_REPLICATION_SLOT {name}{}", if wait { " WAIT" } else { "" });
+        self.simple_query(&sql).await.map(drop)
+    }
+
+    /// `ALTER_REPLICATION_SLOT name (FAILOVER x, TWO_PHASE y)` (PostgreSQL 17+;
+    /// `TWO_PHASE` 18+). `None` leaves an option unchanged.
+    pub async fn alter_slot(&mut self, name: &str, failover: Option<bool>, two_phase: Option<bool>) -> Result<()> {
+        validate_slot_name(name)?;
+        let mut o = Vec::new();
+        if let Some(f) = failover {
+            o.push(format!("FAILOVER {f}"));
+        }
+        if let Some(t) = two_phase {
+            o.push(format!("TWO_PHASE {t}"));
+        }
+        if o.is_empty() {
+            return Ok(());
+        }
+        self.simple_query(&format!("ALTER_REPLICATION_SLOT {name} ({})", o.join(", "))).await.map(drop)
+    }
+
+    /// `READ_REPLICATION_SLOT name` (PostgreSQL 15+, physical slots): the
+    /// slot type, restart LSN and its timeline; `None` if the slot is missing.
+    pub async fn read_slot(&mut self, name: &str) -> Result<Option<(String, Lsn, u32)>> {
+        validate_slot_name(name)?;
+        let rows = self.simple_query(&format!("READ_REPLICATION_SLOT {name}")).await?;
+        let r = rows.first().ok_or(Error::BadResult("READ_REPLICATION_SLOT"))?;
+        match r.get("slot_type") {
+            None => Ok(None),
+            Some(t) => Ok(Some((
+                t.to_owned(),
+                r.get("restart_lsn").and_then(|l| l.parse().ok()).unwrap_or_default(),
+                r.get("restart_tli").and_then(|l| l.parse().ok()).unwrap_or_default(),
+            ))),
+        }
+    }
+
+    /// `TIMELINE_HISTORY tli`.
+    pub async fn timeline_history(&mut self, timeline: u32) -> Result<TimelineHistory> {
+        let rows = self.simple_query(&format!("TIMELINE_HISTORY {timeline}")).await?;
+        let r = rows.first().ok_or(Error::BadResult("TIMELINE_HISTORY"))?;
+        Ok(TimelineHistory {
+            filename: r.get("filename").unwrap_or_default().to_owned(),
+            content: r.get("content").unwrap_or_default().to_owned(),
+        })
+    }
+
+    /// The slot's `confirmed_flush_lsn`, via SQL (`None` if no such slot).
+    pub async fn slot_confirmed_flush(&mut self, name: &str) -> Result<Option<Lsn>> {
+        let rows = self
+            .simple_query(&format!(
+                "SELECT confirmed_flush_lsn FROM pg_catalog.pg_replication_slots WHERE slot_name = {}",
+                quote_literal(name)
+            ))
+            .await?;
+        Ok(rows.first().map(|r| r.get_index(0).and_then(|l| l.parse().ok()).unwrap_or_default()))
+    }
+
+    /// Sends `START_REPLICATION SLOT slot LOGICAL start (options)` and waits
+    /// for the server to enter CopyBoth mode.
+    pub async fn start_logical_replication(&mut self, slot: &str, start: Lsn, options: &[(&str, String)]) -> Result<()> {
+        validate_slot_name(slot)?;
+        let mut sql = format!("START_REPLICATION SLOT {slot} LOGICAL {start}");
+        if !options.is_empty() {
+            let o: Vec<String> = options.iter().map(|(k, v)| format!("\"{k}\" {}", quote_literal(v))).collect();
+            sql.push_str(&format!(" ({})", o.join(", ")));
+        }
+        self.send_query(&sql).await?;
+        match self.reader.read_ok().await? {
+            Backend::CopyBothResponse => Ok(()),
+            _ => Err(Error::UnexpectedMessage {
+                context: "START_REPLICATION",
+                tag: b'?',
+            }),
+        }
+    }
+}
+
+pub(crate) async fn send_copy_data(w: &mut WriteHalf<Box<dyn Socket>>, buf: &mut BytesMut, body: &[u8]) -> Result<()> {
+    frontend::CopyData::new(body)?.write(buf);
+    w.write_all(buf).await?;
+    w.flush().await?;
+    buf.clear();
+    Ok(())
+}

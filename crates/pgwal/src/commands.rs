@@ -1,0 +1,123 @@
+//! Replication command results and options.
+
+use pgwal_protocol::Lsn;
+
+use crate::error::{Error, Result};
+
+/// Result of `IDENTIFY_SYSTEM`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct IdentifySystem {
+    /// The cluster's system identifier.
+    pub system_id: String,
+    /// Current timeline.
+    pub timeline: u32,
+    /// Current WAL flush position.
+    pub xlog_pos: Lsn,
+    /// Connected database.
+    pub dbname: Option<String>,
+}
+
+/// What `CREATE_REPLICATION_SLOT` does with a snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum SlotSnapshot {
+    /// Export a snapshot usable by `SET TRANSACTION SNAPSHOT` until the
+    /// next command on this connection.
+    Export,
+    /// Use the snapshot in the current transaction.
+    Use,
+    /// No snapshot.
+    #[default]
+    Nothing,
+}
+
+/// Options of `CREATE_REPLICATION_SLOT`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CreateSlotOptions {
+    /// Drop the slot when the session ends.
+    pub temporary: bool,
+    /// Decode prepared transactions at PREPARE.
+    pub two_phase: bool,
+    /// Sync the slot to standbys (PostgreSQL 17+).
+    pub failover: bool,
+    /// Snapshot handling.
+    pub snapshot: SlotSnapshot,
+}
+
+impl CreateSlotOptions {
+    /// Defaults: permanent, no two-phase, no failover, no snapshot.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Sets `temporary`.
+    pub fn temporary(mut self, v: bool) -> Self {
+        self.temporary = v;
+        self
+    }
+    /// Sets `two_phase`.
+    pub fn two_phase(mut self, v: bool) -> Self {
+        self.two_phase = v;
+        self
+    }
+    /// Sets `failover`.
+    pub fn failover(mut self, v: bool) -> Self {
+        self.failover = v;
+        self
+    }
+    /// Sets `snapshot`.
+    pub fn snapshot(mut self, v: SlotSnapshot) -> Self {
+        self.snapshot = v;
+        self
+    }
+}
+
+/// Result of `CREATE_REPLICATION_SLOT`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SlotInfo {
+    /// Slot name.
+    pub slot_name: String,
+    /// The first LSN the slot can stream from.
+    pub consistent_point: Lsn,
+    /// The exported snapshot, with `SlotSnapshot::Export`.
+    pub snapshot_name: Option<String>,
+    /// Output plugin.
+    pub output_plugin: Option<String>,
+}
+
+/// Result of `TIMELINE_HISTORY`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TimelineHistory {
+    /// History file name.
+    pub filename: String,
+    /// File content.
+    pub content: String,
+}
+
+/// Slot names are restricted by the server to lower-case letters, digits and
+/// underscores; checking here also keeps commands injection-free.
+pub(crate) fn validate_slot_name(name: &str) -> Result<()> {
+    if name.is_empty()
+        || name.len() > 63
+        || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    {
+        return Err(Error::Config {
+            key: name.to_owned(),
+            reason: "slot names may contain only lower-case letters, digits and underscores (max 63)",
+        });
+    }
+    Ok(())
+}
+
+/// Quotes a string literal for SQL and replication commands.
+pub(crate) fn quote_literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// Quotes an identifier.
+pub(crate) fn quote_ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}

@@ -1,0 +1,417 @@
+//! Connection configuration: connection strings, environment, defaults.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// How TLS is used, with libpq's meanings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum SslMode {
+    /// Never use TLS.
+    Disable,
+    /// Use TLS if the server offers it, without verifying the certificate.
+    #[default]
+    Prefer,
+    /// Require TLS, without verifying the certificate.
+    Require,
+    /// Require TLS and a certificate chain to a trusted root.
+    VerifyCa,
+    /// Like `VerifyCa`, and the certificate must name the host.
+    VerifyFull,
+}
+
+impl FromStr for SslMode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "disable" => SslMode::Disable,
+            "allow" | "prefer" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            _ => {
+                return Err(Error::Config {
+                    key: format!("sslmode={s}"),
+                    reason: "expected disable, allow, prefer, require, verify-ca or verify-full",
+                })
+            }
+        })
+    }
+}
+
+/// Where and how to connect.
+///
+/// Build one by parsing a URI (`postgresql://user:pw@host:port/db?sslmode=require`)
+/// or a key/value string (`host=h port=5432 user=u dbname=d`). Options not in
+/// the string come from the `PG*` environment variables (`PGHOST`, `PGPORT`,
+/// `PGUSER`, `PGPASSWORD`, `PGDATABASE`, `PGSSLMODE`, `PGSSLROOTCERT`,
+/// `PGAPPNAME`, `PGCONNECT_TIMEOUT`, `PGPASSFILE`), then from libpq's defaults.
+/// A missing password is looked up in the password file (`~/.pgpass`).
+///
+/// ```
+/// use pgwal::{Config, SslMode};
+///
+/// let c: Config = "postgresql://alice:s%40cret@db.example:6543/app?sslmode=require".parse().unwrap();
+/// assert_eq!(c.host, "db.example");
+/// assert_eq!(c.port, 6543);
+/// assert_eq!(c.password.as_deref(), Some("s@cret"));
+/// assert_eq!(c.ssl_mode, SslMode::Require);
+///
+/// let c: Config = "host=127.0.0.1 port=5433 user=bob dbname='my db'".parse().unwrap();
+/// assert_eq!(c.dbname, "my db");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Config {
+    /// Host name or IP address (TCP only).
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+    /// User name.
+    pub user: String,
+    /// Password, if any.
+    pub password: Option<String>,
+    /// Database name (logical replication is per database).
+    pub dbname: String,
+    /// TLS mode.
+    pub ssl_mode: SslMode,
+    /// PEM file of trusted roots for `verify-ca`/`verify-full`.
+    pub ssl_root_cert: Option<PathBuf>,
+    /// Use TLS directly without the SSLRequest round trip (PostgreSQL 17+).
+    pub ssl_direct: bool,
+    /// `application_name` shown in `pg_stat_replication`.
+    pub application_name: Option<String>,
+    /// Connect timeout.
+    pub connect_timeout: Option<Duration>,
+    /// Password file.
+    pub passfile: Option<PathBuf>,
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+#[derive(Default)]
+struct Raw {
+    host: Option<String>,
+    port: Option<String>,
+    user: Option<String>,
+    password: Option<String>,
+    dbname: Option<String>,
+    sslmode: Option<String>,
+    sslrootcert: Option<String>,
+    sslnegotiation: Option<String>,
+    application_name: Option<String>,
+    connect_timeout: Option<String>,
+    passfile: Option<String>,
+}
+
+impl Raw {
+    fn set(&mut self, key: &str, value: String) -> Result<()> {
+        let slot = match key {
+            "host" | "hostaddr" => &mut self.host,
+            "port" => &mut self.port,
+            "user" => &mut self.user,
+            "password" => &mut self.password,
+            "dbname" => &mut self.dbname,
+            "sslmode" => &mut self.sslmode,
+            "sslrootcert" => &mut self.sslrootcert,
+            "sslnegotiation" => &mut self.sslnegotiation,
+            "application_name" => &mut self.application_name,
+            "connect_timeout" => &mut self.connect_timeout,
+            "passfile" => &mut self.passfile,
+            // Accepted and ignored: set by this library itself.
+            "replication" | "client_encoding" | "options" | "fallback_application_name" => return Ok(()),
+            _ => {
+                return Err(Error::Config {
+                    key: key.to_owned(),
+                    reason: "unknown connection option",
+                })
+            }
+        };
+        *slot = Some(value);
+        Ok(())
+    }
+}
+
+fn percent_decode(s: &str, key: &str) -> Result<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = s.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok());
+            match hex {
+                Some(v) => out.push(v),
+                None => {
+                    return Err(Error::Config {
+                        key: key.to_owned(),
+                        reason: "bad percent-encoding",
+                    })
+                }
+            }
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| Error::Config {
+        key: key.to_owned(),
+        reason: "not UTF-8 after percent-decoding",
+    })
+}
+
+fn parse_uri(s: &str, raw: &mut Raw) -> Result<()> {
+    let rest = s
+        .strip_prefix("postgresql://")
+        .or_else(|| s.strip_prefix("postgres://"))
+        .ok_or(Error::Config {
+            key: s.to_owned(),
+            reason: "not a postgres:// URI",
+        })?;
+    let (main, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (authority, path) = main.split_once('/').unwrap_or((main, ""));
+    let (userinfo, hostport) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, authority),
+    };
+    if let Some(u) = userinfo {
+        let (user, pw) = match u.split_once(':') {
+            Some((a, b)) => (a, Some(b)),
+            None => (u, None),
+        };
+        if !user.is_empty() {
+            raw.user = Some(percent_decode(user, "user")?);
+        }
+        if let Some(pw) = pw {
+            raw.password = Some(percent_decode(pw, "password")?);
+        }
+    }
+    let (host, port) = if let Some(h) = hostport.strip_prefix('[') {
+        let (h, rest) = h.split_once(']').ok_or(Error::Config {
+            key: hostport.to_owned(),
+            reason: "unterminated IPv6 address",
+        })?;
+        (h, rest.strip_prefix(':'))
+    } else {
+        match hostport.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (hostport, None),
+        }
+    };
+    if !host.is_empty() {
+        raw.host = Some(percent_decode(host, "host")?);
+    }
+    if let Some(p) = port.filter(|p| !p.is_empty()) {
+        raw.port = Some(p.to_owned());
+    }
+    if !path.is_empty() {
+        raw.dbname = Some(percent_decode(path, "dbname")?);
+    }
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').ok_or(Error::Config {
+            key: pair.to_owned(),
+            reason: "expected key=value",
+        })?;
+        raw.set(&percent_decode(k, k)?, percent_decode(v, k)?)?;
+    }
+    Ok(())
+}
+
+fn parse_kv(s: &str, raw: &mut Raw) -> Result<()> {
+    let mut chars = s.chars().peekable();
+    loop {
+        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+            chars.next();
+        }
+        if chars.peek().is_none() {
+            return Ok(());
+        }
+        let mut key = String::new();
+        while let Some(&c) = chars.peek() {
+            if c == '=' || c.is_whitespace() {
+                break;
+            }
+            key.push(c);
+            chars.next();
+        }
+        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+            chars.next();
+        }
+        if chars.next() != Some('=') {
+            return Err(Error::Config {
+                key,
+                reason: "expected '=' after key",
+            });
+        }
+        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+            chars.next();
+        }
+        let mut value = String::new();
+        if chars.peek() == Some(&'\'') {
+            chars.next();
+            loop {
+                match chars.next() {
+                    Some('\\') => match chars.next() {
+                        Some(c) => value.push(c),
+                        None => break,
+                    },
+                    Some('\'') => break,
+                    Some(c) => value.push(c),
+                    None => {
+                        return Err(Error::Config {
+                            key,
+                            reason: "unterminated quoted value",
+                        })
+                    }
+                }
+            }
+        } else {
+            while let Some(&c) = chars.peek() {
+                if c.is_whitespace() {
+                    break;
+                }
+                chars.next();
+                if c == '\\' {
+                    if let Some(n) = chars.next() {
+                        value.push(n);
+                    }
+                } else {
+                    value.push(c);
+                }
+            }
+        }
+        raw.set(&key, value)?;
+    }
+}
+
+impl Config {
+    /// Parses a connection string, filling gaps from the environment and defaults.
+    pub fn parse(s: &str) -> Result<Config> {
+        let mut raw = Raw::default();
+        let t = s.trim();
+        if t.starts_with("postgres://") || t.starts_with("postgresql://") {
+            parse_uri(t, &mut raw)?;
+        } else {
+            parse_kv(t, &mut raw)?;
+        }
+        Config::from_raw(raw)
+    }
+
+    /// Configuration from the environment and defaults only.
+    pub fn from_env() -> Result<Config> {
+        Config::from_raw(Raw::default())
+    }
+
+    fn from_raw(r: Raw) -> Result<Config> {
+        let host = r.host.or_else(|| env("PGHOST")).unwrap_or_else(|| "localhost".into());
+        if host.starts_with('/') || host.contains(',') {
+            return Err(Error::Config {
+                key: format!("host={host}"),
+                reason: "only a single TCP host is supported",
+            });
+        }
+        let port = r.port.or_else(|| env("PGPORT")).unwrap_or_else(|| "5432".into());
+        let port = port.parse().map_err(|_| Error::Config {
+            key: format!("port={port}"),
+            reason: "not a port number",
+        })?;
+        let user = r
+            .user
+            .or_else(|| env("PGUSER"))
+            .or_else(|| env("USER"))
+            .unwrap_or_else(|| "postgres".into());
+        let dbname = r.dbname.or_else(|| env("PGDATABASE")).unwrap_or_else(|| user.clone());
+        let ssl_mode = match r.sslmode.or_else(|| env("PGSSLMODE")) {
+            Some(m) => m.parse()?,
+            None => SslMode::Prefer,
+        };
+        let ssl_direct = match r.sslnegotiation.or_else(|| env("PGSSLNEGOTIATION")).as_deref() {
+            None | Some("postgres") => false,
+            Some("direct") => true,
+            Some(other) => {
+                return Err(Error::Config {
+                    key: format!("sslnegotiation={other}"),
+                    reason: "expected postgres or direct",
+                })
+            }
+        };
+        let connect_timeout = match r.connect_timeout.or_else(|| env("PGCONNECT_TIMEOUT")) {
+            Some(t) => {
+                let secs: u64 = t.parse().map_err(|_| Error::Config {
+                    key: format!("connect_timeout={t}"),
+                    reason: "not a number of seconds",
+                })?;
+                (secs > 0).then(|| Duration::from_secs(secs.max(2)))
+            }
+            None => None,
+        };
+        Ok(Config {
+            host,
+            port,
+            user,
+            password: r.password.or_else(|| env("PGPASSWORD")),
+            dbname,
+            ssl_mode,
+            ssl_root_cert: r.sslrootcert.or_else(|| env("PGSSLROOTCERT")).map(PathBuf::from),
+            ssl_direct,
+            application_name: r.application_name.or_else(|| env("PGAPPNAME")),
+            connect_timeout,
+            passfile: r.passfile.or_else(|| env("PGPASSFILE")).map(PathBuf::from),
+        })
+    }
+
+    /// The password to send: the configured one, else the password file's.
+    pub fn resolve_password(&self) -> Option<String> {
+        if let Some(p) = &self.password {
+            return Some(p.clone());
+        }
+        let file = self
+            .passfile
+            .clone()
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pgpass")))?;
+        let text = std::fs::read_to_string(file).ok()?;
+        crate::pgpass::lookup(&text, &self.host, self.port, &self.dbname, &self.user)
+    }
+}
+
+impl FromStr for Config {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Config> {
+        Config::parse(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kv_quoting_and_escapes() {
+        let c = Config::parse(r"host=h port=1 user=u password='it\'s a \\ test' dbname = d").unwrap();
+        assert_eq!(c.password.as_deref(), Some(r"it's a \ test"));
+        assert_eq!(c.dbname, "d");
+        assert!(Config::parse("host").is_err());
+        assert!(Config::parse("bogus=1").is_err());
+        assert!(Config::parse("password='open").is_err());
+        assert!(Config::parse("port=notaport").is_err());
+    }
+
+    #[test]
+    fn uri_forms() {
+        let c = Config::parse("postgres://[::1]:7/x?application_name=a%20b&sslmode=disable").unwrap();
+        assert_eq!(c.host, "::1");
+        assert_eq!(c.port, 7);
+        assert_eq!(c.application_name.as_deref(), Some("a b"));
+        assert_eq!(c.ssl_mode, SslMode::Disable);
+        assert!(Config::parse("postgres://h/d?sslmode=nope").is_err());
+        assert!(Config::parse("postgres://h/d?x%zz=1").is_err());
+        let c = Config::parse("postgresql://u@h?sslnegotiation=direct&sslmode=require").unwrap();
+        assert!(c.ssl_direct);
+        assert_eq!(c.user, "u");
+    }
+}

@@ -1,0 +1,215 @@
+//! The error type.
+
+use std::fmt;
+use std::io;
+
+use pgwal_protocol::DecodeError;
+
+/// An error reported by the server (an ErrorResponse).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DbError {
+    /// Severity (`ERROR`, `FATAL`, `PANIC`), not localized.
+    pub severity: String,
+    /// The five-character SQLSTATE code, e.g. `55006`.
+    pub code: String,
+    /// The primary message.
+    pub message: String,
+    /// Optional detail.
+    pub detail: Option<String>,
+    /// Optional hint.
+    pub hint: Option<String>,
+}
+
+impl fmt::Display for DbError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {} (SQLSTATE {})", self.severity, self.message, self.code)?;
+        if let Some(d) = &self.detail {
+            write!(f, "; DETAIL: {d}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for DbError {}
+
+impl DbError {
+    pub(crate) fn from_fields<'a>(fields: impl Iterator<Item = (u8, &'a str)>) -> DbError {
+        let mut e = DbError {
+            severity: String::new(),
+            code: String::new(),
+            message: String::new(),
+            detail: None,
+            hint: None,
+        };
+        let mut localized_severity = String::new();
+        for (t, v) in fields {
+            match t {
+                b'V' => e.severity = v.to_owned(),
+                b'S' => localized_severity = v.to_owned(),
+                b'C' => e.code = v.to_owned(),
+                b'M' => e.message = v.to_owned(),
+                b'D' => e.detail = Some(v.to_owned()),
+                b'H' => e.hint = Some(v.to_owned()),
+                _ => {}
+            }
+        }
+        if e.severity.is_empty() {
+            e.severity = localized_severity;
+        }
+        e
+    }
+
+    /// Whether retrying later may succeed: the slot is still held by a
+    /// previous walsender (`55006` "replication slot ... is active for PID"),
+    /// the server is starting or shutting down, too many connections,
+    /// admin shutdown, serialization or deadlock failures.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self.code.as_str(),
+            "55006" | "57P01" | "57P02" | "57P03" | "53300" | "40001" | "40P01" | "08006" | "08001" | "08004"
+        ) || self.code.starts_with("08")
+    }
+}
+
+/// What went wrong.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// A socket error, including the connection being closed.
+    Io(io::Error),
+    /// The server reported an error.
+    Db(DbError),
+    /// TLS setup or handshake failed.
+    Tls(rustls::Error),
+    /// The server required TLS-less operation but `sslmode` demands TLS,
+    /// or it refused TLS.
+    TlsRefused,
+    /// A replication message could not be decoded.
+    Decode(DecodeError),
+    /// The server sent a message that is not valid at this point.
+    UnexpectedMessage {
+        /// Where it happened.
+        context: &'static str,
+        /// The message tag.
+        tag: u8,
+    },
+    /// The server asked for an authentication method this client lacks.
+    UnsupportedAuthentication(&'static str),
+    /// A password is needed and none is configured.
+    PasswordMissing,
+    /// The SCRAM exchange failed (bad server proof, malformed message).
+    Sasl(io::Error),
+    /// The connection string is invalid.
+    Config {
+        /// The offending key or fragment.
+        key: String,
+        /// Why it is invalid.
+        reason: &'static str,
+    },
+    /// A change referenced a relation OID never described by a Relation message.
+    UnknownRelation(u32),
+    /// A command's result had an unexpected shape.
+    BadResult(&'static str),
+    /// A row could not be turned into the requested type.
+    Column {
+        /// The column.
+        column: String,
+        /// Why.
+        reason: String,
+    },
+    /// Retrying gave up after the configured number of attempts.
+    RetriesExhausted {
+        /// Attempts made.
+        attempts: u32,
+        /// The last error.
+        last: Box<Error>,
+    },
+    /// The stream was closed.
+    Closed,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Io(e) => write!(f, "I/O error: {e}"),
+            Error::Db(e) => write!(f, "server error: {e}"),
+            Error::Tls(e) => write!(f, "TLS error: {e}"),
+            Error::TlsRefused => write!(f, "server does not support TLS but sslmode requires it"),
+            Error::Decode(e) => write!(f, "malformed replication message: {e}"),
+            Error::UnexpectedMessage { context, tag } => {
+                write!(f, "unexpected message '{}' during {context}", *tag as char)
+            }
+            Error::UnsupportedAuthentication(m) => write!(f, "unsupported authentication method {m}"),
+            Error::PasswordMissing => write!(f, "the server requested a password and none was supplied"),
+            Error::Sasl(e) => write!(f, "SCRAM authentication failed: {e}"),
+            Error::Config { key, reason } => write!(f, "invalid connection option {key:?}: {reason}"),
+            Error::UnknownRelation(oid) => write!(f, "change for relation {oid} before its Relation message"),
+            Error::BadResult(what) => write!(f, "unexpected result shape for {what}"),
+            Error::Column { column, reason } => write!(f, "column {column:?}: {reason}"),
+            Error::RetriesExhausted { attempts, last } => write!(f, "gave up after {attempts} attempts: {last}"),
+            Error::Closed => write!(f, "stream closed"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io(e) | Error::Sasl(e) => Some(e),
+            Error::Db(e) => Some(e),
+            Error::Tls(e) => Some(e),
+            Error::Decode(e) => Some(e),
+            Error::RetriesExhausted { last, .. } => Some(&**last),
+            _ => None,
+        }
+    }
+}
+
+impl Error {
+    /// The SQLSTATE code, when the server reported the error.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            Error::Db(e) => Some(&e.code),
+            _ => None,
+        }
+    }
+
+    /// The server's error, if any.
+    pub fn as_db_error(&self) -> Option<&DbError> {
+        match self {
+            Error::Db(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// Whether reconnecting and retrying may succeed: connection loss, or a
+    /// transient server error such as "replication slot is active for PID".
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Io(_) | Error::Closed => true,
+            Error::Db(e) => e.is_transient(),
+            _ => false,
+        }
+    }
+}
+
+impl From<io::Error> for Error {
+    fn from(e: io::Error) -> Self {
+        Error::Io(e)
+    }
+}
+
+impl From<DecodeError> for Error {
+    fn from(e: DecodeError) -> Self {
+        Error::Decode(e)
+    }
+}
+
+impl From<DbError> for Error {
+    fn from(e: DbError) -> Self {
+        Error::Db(e)
+    }
+}
+
+/// `Result<T, pgwal::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

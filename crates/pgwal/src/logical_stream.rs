@@ -1,0 +1,161 @@
+//! The consumer side of a logical change stream.
+
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures_core::Stream;
+use pgwal_protocol::Lsn;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::event::Event;
+use crate::progress::{AckHandle, Shared};
+use crate::relations::RelationCache;
+use crate::stream_config::StreamConfig;
+use crate::worker::{open_session, Item, Worker};
+
+/// A logical replication stream: a [`Stream`] of [`Event`]s with explicit
+/// acknowledgements.
+///
+/// A background task owns the connection, reconnects on transient errors
+/// (restarting from the acknowledged position) and sends feedback on its own
+/// timer, whatever the consumer is doing. Drop the stream or call
+/// [`shutdown`](Self::shutdown) to stop it.
+///
+/// ```no_run
+/// use futures_util::StreamExt;
+/// use pgwal::{Config, Event, LogicalStream, StreamConfig};
+///
+/// # async fn f() -> Result<(), pgwal::Error> {
+/// let config: Config = "host=127.0.0.1 user=postgres dbname=app".parse()?;
+/// let mut stream = LogicalStream::start(config, StreamConfig::new("my_slot", ["my_pub"])).await?;
+/// while let Some(event) = stream.next().await {
+///     let event = event?;
+///     if let Event::Insert(change) = &event {
+///         println!("insert into {}: {:?}", change.relation.name, change.new);
+///     }
+///     // ... write it somewhere durable, then:
+///     if let Some(lsn) = event.ack_lsn() {
+///         stream.ack(lsn);
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+pub struct LogicalStream {
+    rx: mpsc::Receiver<Item>,
+    shared: Arc<Shared>,
+    shutdown: watch::Sender<bool>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for LogicalStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogicalStream")
+            .field("acked", &self.acked())
+            .field("confirmed", &self.confirmed())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LogicalStream {
+    /// Connects, starts replication and spawns the connection task (needs a
+    /// Tokio runtime). Transient failures of the first connection are
+    /// retried per `stream.retry`.
+    pub async fn start(config: Config, stream: StreamConfig) -> Result<LogicalStream> {
+        let shared = Arc::new(Shared::default());
+        let mut failures = 0;
+        let client = loop {
+            match open_session(&config, &stream, &shared).await {
+                Ok((c, _)) => break c,
+                Err(e) => {
+                    failures += 1;
+                    if !(e.is_transient() && stream.retry.allows(failures)) {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(stream.retry.backoff(failures)).await;
+                }
+            }
+        };
+        let (tx, rx) = mpsc::channel(stream.buffer.max(1));
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let worker = Worker {
+            config,
+            stream,
+            shared: shared.clone(),
+            tx,
+            shutdown: stop_rx,
+            relations: RelationCache::default(),
+        };
+        let task = tokio::spawn(worker.run(client));
+        Ok(LogicalStream {
+            rx,
+            shared,
+            shutdown: stop_tx,
+            task: Some(task),
+        })
+    }
+
+    /// Acknowledges that everything up to `lsn` is durably processed.
+    /// Feedback to the server reports only acknowledged positions.
+    pub fn ack(&self, lsn: Lsn) {
+        self.shared.acked.fetch_max(lsn.0, Ordering::SeqCst);
+    }
+
+    /// A cloneable handle for acknowledging from another task.
+    pub fn ack_handle(&self) -> AckHandle {
+        AckHandle {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// The highest acknowledged position (initially where streaming began).
+    pub fn acked(&self) -> Lsn {
+        Lsn(self.shared.acked.load(Ordering::SeqCst))
+    }
+
+    /// The position last confirmed to the server.
+    pub fn confirmed(&self) -> Lsn {
+        Lsn(self.shared.confirmed.load(Ordering::SeqCst))
+    }
+
+    /// Sends final feedback, ends replication cleanly and waits for the
+    /// connection task.
+    pub async fn shutdown(mut self) -> Result<()> {
+        let _ = self.shutdown.send(true);
+        self.rx.close();
+        if let Some(t) = self.task.take() {
+            t.await.map_err(|_| Error::Closed)?;
+        }
+        Ok(())
+    }
+}
+
+impl Stream for LogicalStream {
+    type Item = Result<Event>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        loop {
+            match self.rx.poll_recv(cx) {
+                Poll::Ready(Some(item)) => {
+                    // Events of an earlier session are redelivered by the new one.
+                    if item.generation < self.shared.generation.load(Ordering::SeqCst) {
+                        continue;
+                    }
+                    return Poll::Ready(Some(item.event));
+                }
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+impl Drop for LogicalStream {
+    fn drop(&mut self) {
+        let _ = self.shutdown.send(true);
+    }
+}

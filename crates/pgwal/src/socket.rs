@@ -1,0 +1,84 @@
+//! Opening the transport: TCP, then TLS as `sslmode` asks.
+
+use bytes::BytesMut;
+use postgres_protocol::message::frontend;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+use crate::config::{Config, SslMode};
+use crate::error::{Error, Result};
+use crate::tls;
+
+/// A byte stream to the server, plain or TLS.
+pub(crate) trait Socket: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Socket for T {}
+
+/// An open transport.
+pub(crate) struct Transport {
+    pub(crate) io: Box<dyn Socket>,
+    /// Channel binding data when TLS is in use.
+    pub(crate) tls_end_point: Option<Vec<u8>>,
+}
+
+async fn tcp(config: &Config) -> Result<TcpStream> {
+    let connect = TcpStream::connect((config.host.as_str(), config.port));
+    let s = match config.connect_timeout {
+        Some(t) => tokio::time::timeout(t, connect)
+            .await
+            .map_err(|_| Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timeout")))??,
+        None => connect.await?,
+    };
+    s.set_nodelay(true)?;
+    Ok(s)
+}
+
+async fn handshake(config: &Config, s: TcpStream) -> Result<Transport> {
+    let connector = TlsConnector::from(tls::client_config(config)?);
+    let tls = connector.connect(tls::server_name(&config.host)?, s).await.map_err(|e| {
+        match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+            Some(t) => Error::Tls(t.clone()),
+            None => Error::Io(e),
+        }
+    })?;
+    let end_point = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| tls::end_point_hash(c.as_ref()));
+    Ok(Transport {
+        io: Box::new(tls),
+        tls_end_point: end_point,
+    })
+}
+
+/// Connects and negotiates TLS.
+pub(crate) async fn connect(config: &Config) -> Result<Transport> {
+    let mut s = tcp(config).await?;
+    if config.ssl_mode == SslMode::Disable {
+        return Ok(Transport {
+            io: Box::new(s),
+            tls_end_point: None,
+        });
+    }
+    if config.ssl_direct {
+        return handshake(config, s).await;
+    }
+    let mut buf = BytesMut::new();
+    frontend::ssl_request(&mut buf);
+    s.write_all(&buf).await?;
+    let answer = s.read_u8().await?;
+    match answer {
+        b'S' => handshake(config, s).await,
+        b'N' if config.ssl_mode == SslMode::Prefer => Ok(Transport {
+            io: Box::new(s),
+            tls_end_point: None,
+        }),
+        b'N' => Err(Error::TlsRefused),
+        tag => Err(Error::UnexpectedMessage {
+            context: "SSL negotiation",
+            tag,
+        }),
+    }
+}

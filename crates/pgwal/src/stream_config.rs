@@ -1,0 +1,174 @@
+//! Options of a logical change stream.
+
+use std::time::Duration;
+
+use pgwal_protocol::Lsn;
+
+use crate::retry::RetryConfig;
+
+/// pgoutput's `streaming` option.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Streaming {
+    /// Transactions are sent at commit.
+    #[default]
+    Off,
+    /// Large in-progress transactions are streamed (protocol 2+).
+    On,
+    /// Streamed, with abort LSN and time (protocol 4, PostgreSQL 16+).
+    Parallel,
+}
+
+/// What to stream and how.
+///
+/// ```
+/// use std::time::Duration;
+/// use pgwal::{StreamConfig, Streaming};
+///
+/// let cfg = StreamConfig::new("my_slot", ["my_pub"])
+///     .proto_version(4)
+///     .streaming(Streaming::Parallel)
+///     .messages(true)
+///     .status_interval(Duration::from_secs(1));
+/// assert_eq!(cfg.publications, vec!["my_pub".to_string()]);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct StreamConfig {
+    /// The logical slot (must exist; see [`ReplicationClient::create_logical_slot`](crate::ReplicationClient::create_logical_slot)).
+    pub slot: String,
+    /// Publications to stream.
+    pub publications: Vec<String>,
+    /// pgoutput protocol version; `None` picks the highest the server supports.
+    pub proto_version: Option<u32>,
+    /// Streaming of in-progress transactions.
+    pub streaming: Streaming,
+    /// Binary column values.
+    pub binary: bool,
+    /// Include `pg_logical_emit_message` messages.
+    pub messages: bool,
+    /// Decode prepared transactions at PREPARE (slot must be two-phase).
+    pub two_phase: bool,
+    /// pgoutput `origin` filter (`any` or `none`).
+    pub origin: Option<String>,
+    /// Start here if the slot has not confirmed a later position.
+    pub start_lsn: Option<Lsn>,
+    /// End the stream once a transaction ending at or after this position was
+    /// delivered, or the server's WAL passed it while nothing is pending.
+    pub stop_lsn: Option<Lsn>,
+    /// How often feedback is sent (also sent whenever the server asks).
+    pub status_interval: Duration,
+    /// Events buffered between the connection task and the consumer.
+    pub buffer: usize,
+    /// Reconnect policy.
+    pub retry: RetryConfig,
+}
+
+impl StreamConfig {
+    /// A stream of `publications` through `slot`, with defaults.
+    pub fn new<I, S>(slot: impl Into<String>, publications: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        StreamConfig {
+            slot: slot.into(),
+            publications: publications.into_iter().map(Into::into).collect(),
+            proto_version: None,
+            streaming: Streaming::Off,
+            binary: false,
+            messages: false,
+            two_phase: false,
+            origin: None,
+            start_lsn: None,
+            stop_lsn: None,
+            status_interval: Duration::from_secs(10),
+            buffer: 1024,
+            retry: RetryConfig::default(),
+        }
+    }
+    /// Sets `proto_version`.
+    pub fn proto_version(mut self, v: u32) -> Self {
+        self.proto_version = Some(v);
+        self
+    }
+    /// Sets `streaming`.
+    pub fn streaming(mut self, v: Streaming) -> Self {
+        self.streaming = v;
+        self
+    }
+    /// Sets `binary`.
+    pub fn binary(mut self, v: bool) -> Self {
+        self.binary = v;
+        self
+    }
+    /// Sets `messages`.
+    pub fn messages(mut self, v: bool) -> Self {
+        self.messages = v;
+        self
+    }
+    /// Sets `two_phase`.
+    pub fn two_phase(mut self, v: bool) -> Self {
+        self.two_phase = v;
+        self
+    }
+    /// Sets `origin`.
+    pub fn origin(mut self, v: impl Into<String>) -> Self {
+        self.origin = Some(v.into());
+        self
+    }
+    /// Sets `start_lsn`.
+    pub fn start_lsn(mut self, v: Lsn) -> Self {
+        self.start_lsn = Some(v);
+        self
+    }
+    /// Sets `stop_lsn`.
+    pub fn stop_lsn(mut self, v: Lsn) -> Self {
+        self.stop_lsn = Some(v);
+        self
+    }
+    /// Sets `status_interval`.
+    pub fn status_interval(mut self, v: Duration) -> Self {
+        self.status_interval = v;
+        self
+    }
+    /// Sets `buffer` (at least 1).
+    pub fn buffer(mut self, v: usize) -> Self {
+        self.buffer = v.max(1);
+        self
+    }
+    /// Sets `retry`.
+    pub fn retry(mut self, v: RetryConfig) -> Self {
+        self.retry = v;
+        self
+    }
+
+    pub(crate) fn plugin_options(&self, server_major: u32) -> Vec<(&'static str, String)> {
+        let proto = self.proto_version.unwrap_or(match server_major {
+            16.. => 4,
+            15 => 3,
+            14 => 2,
+            _ => 1,
+        });
+        let pubs: Vec<String> = self.publications.iter().map(|p| crate::commands::quote_ident(p)).collect();
+        let mut o = vec![("proto_version", proto.to_string()), ("publication_names", pubs.join(","))];
+        match self.streaming {
+            Streaming::Off => {}
+            Streaming::On => o.push(("streaming", "on".into())),
+            Streaming::Parallel => o.push(("streaming", "parallel".into())),
+        }
+        if self.binary {
+            o.push(("binary", "true".into()));
+        }
+        if self.messages {
+            o.push(("messages", "true".into()));
+        }
+        if self.two_phase {
+            o.push(("two_phase", "true".into()));
+        }
+        if let Some(origin) = &self.origin {
+            o.push(("origin", origin.clone()));
+        }
+        o
+    }
+}

@@ -1,0 +1,288 @@
+//! The connection task behind a [`LogicalStream`](crate::LogicalStream).
+//!
+//! It owns the socket. It reads replication messages only while it has room
+//! to hand an event on (bounded channel: backpressure reaches the server
+//! through TCP), but its status timer and shutdown signal are polled in the
+//! same `select!`, so feedback is never starved by a slow consumer.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use postgres_protocol::message::backend::Message;
+use postgres_protocol::message::frontend;
+use tokio::io::{AsyncWriteExt, WriteHalf};
+use tokio::sync::{mpsc, watch};
+
+use pgwal_protocol::pgoutput::Decoder;
+use pgwal_protocol::replication::{BackendReplicationMessage, StandbyStatusUpdate};
+use pgwal_protocol::{Lsn, PgTimestamp};
+
+use crate::client::{send_copy_data, ReplicationClient};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::event::Event;
+use crate::framing::{db_error, Backend};
+use crate::progress::{Delivery, Shared};
+use crate::relations::RelationCache;
+use crate::socket::Socket;
+use crate::stream_config::StreamConfig;
+
+/// An event tagged with the session that produced it.
+pub(crate) struct Item {
+    pub(crate) generation: u64,
+    pub(crate) event: Result<Event>,
+}
+
+enum End {
+    /// Shutdown requested or consumer gone.
+    Shutdown,
+    /// `stop_lsn` reached.
+    Stopped,
+}
+
+pub(crate) struct Worker {
+    pub(crate) config: Config,
+    pub(crate) stream: StreamConfig,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) tx: mpsc::Sender<Item>,
+    pub(crate) shutdown: watch::Receiver<bool>,
+    pub(crate) relations: RelationCache,
+}
+
+/// Connects and starts streaming from the acknowledged position (never from
+/// the last received one), or the slot's confirmed position if later.
+pub(crate) async fn open_session(config: &Config, stream: &StreamConfig, shared: &Shared) -> Result<(ReplicationClient, Lsn)> {
+    let mut client = ReplicationClient::connect(config).await?;
+    let major = client.server_major_version().unwrap_or(10);
+    let floor = client.slot_confirmed_flush(&stream.slot).await?.unwrap_or_default();
+    let start = Lsn(shared.acked.load(Ordering::SeqCst))
+        .max(floor)
+        .max(stream.start_lsn.unwrap_or_default());
+    shared.acked.fetch_max(start.0, Ordering::SeqCst);
+    shared.confirmed.fetch_max(floor.0, Ordering::SeqCst);
+    let opts = stream.plugin_options(major);
+    let opts: Vec<(&str, String)> = opts.iter().map(|(k, v)| (*k, v.clone())).collect();
+    client.start_logical_replication(&stream.slot, start, &opts).await?;
+    tracing::debug!(slot = %stream.slot, %start, "replication started");
+    Ok((client, start))
+}
+
+struct Session<'a> {
+    writer: WriteHalf<Box<dyn Socket>>,
+    buf: BytesMut,
+    shared: &'a Shared,
+    delivery: Delivery,
+}
+
+impl Session<'_> {
+    async fn send_status(&mut self, reply: bool) -> Result<()> {
+        let acked = Lsn(self.shared.acked.load(Ordering::SeqCst));
+        let confirmed = Lsn(self.shared.confirmed.load(Ordering::SeqCst));
+        let flush = self.delivery.flush_position(acked).max(confirmed);
+        let msg = StandbyStatusUpdate {
+            write: flush,
+            flush,
+            apply: flush,
+            client_time: PgTimestamp::now(),
+            reply_requested: reply,
+            receive: None,
+        };
+        let mut body = BytesMut::with_capacity(StandbyStatusUpdate::STOCK_LEN);
+        msg.encode(&mut body);
+        send_copy_data(&mut self.writer, &mut self.buf, &body).await?;
+        self.shared.confirmed.fetch_max(flush.0, Ordering::SeqCst);
+        tracing::trace!(%flush, "status update sent");
+        Ok(())
+    }
+
+    fn wants_status(&self) -> bool {
+        let acked = Lsn(self.shared.acked.load(Ordering::SeqCst));
+        self.delivery.flush_position(acked) > Lsn(self.shared.confirmed.load(Ordering::SeqCst))
+    }
+
+    fn note(&mut self, e: &Event) {
+        let d = &mut self.delivery;
+        match e {
+            Event::Begin(_) | Event::BeginPrepare(_) => d.in_txn = true,
+            Event::Commit(_) | Event::Prepare(_) => d.in_txn = false,
+            Event::StreamStart(s) if !d.open_streams.contains(&s.xid) => d.open_streams.push(s.xid),
+            Event::StreamCommit(c) => d.open_streams.retain(|x| *x != c.xid),
+            Event::StreamPrepare(p) => d.open_streams.retain(|x| *x != p.xid),
+            Event::StreamAbort(a) if a.xid == a.subxid => d.open_streams.retain(|x| *x != a.xid),
+            _ => {}
+        }
+        if let Some(l) = e.ack_lsn() {
+            d.last_ack_point = d.last_ack_point.max(l);
+        }
+    }
+}
+
+impl Worker {
+    async fn wait_or_shutdown(&mut self, d: Duration) -> bool {
+        tokio::select! {
+            _ = tokio::time::sleep(d) => false,
+            _ = self.shutdown.changed() => true,
+        }
+    }
+
+    async fn emit(&mut self, generation: u64, event: Result<Event>) {
+        let _ = self.tx.send(Item { generation, event }).await;
+    }
+
+    /// Runs sessions until shutdown, `stop_lsn`, or a permanent error.
+    pub(crate) async fn run(mut self, first: ReplicationClient) {
+        let mut client = Some(first);
+        let mut failures = 0u32;
+        let mut first_session = true;
+        loop {
+            let c = match client.take() {
+                Some(c) => c,
+                None => match open_session(&self.config, &self.stream, &self.shared).await {
+                    Ok((c, start)) => {
+                        let g = self.shared.generation.load(Ordering::SeqCst);
+                        self.emit(g, Ok(Event::Reconnected { restart_lsn: start })).await;
+                        c
+                    }
+                    Err(e) => {
+                        failures += 1;
+                        if e.is_transient() && self.stream.retry.allows(failures) {
+                            tracing::warn!(error = %e, attempt = failures, "reconnect failed; retrying");
+                            if self.wait_or_shutdown(self.stream.retry.backoff(failures)).await {
+                                return;
+                            }
+                            continue;
+                        }
+                        let g = self.shared.generation.load(Ordering::SeqCst);
+                        let e = if failures > 1 {
+                            Error::RetriesExhausted { attempts: failures, last: Box::new(e) }
+                        } else {
+                            e
+                        };
+                        self.emit(g, Err(e)).await;
+                        return;
+                    }
+                },
+            };
+            if !first_session {
+                failures = 0;
+            }
+            first_session = false;
+            match self.session(c).await {
+                Ok(End::Shutdown) | Ok(End::Stopped) => return,
+                Err(e) => {
+                    failures += 1;
+                    if e.is_transient() && self.stream.retry.allows(failures) {
+                        // Events still buffered from this session will be
+                        // delivered again by the next one: drop them now.
+                        self.shared.generation.fetch_add(1, Ordering::SeqCst);
+                        tracing::warn!(error = %e, "replication session failed; reconnecting");
+                        if self.wait_or_shutdown(self.stream.retry.backoff(failures)).await {
+                            return;
+                        }
+                        continue;
+                    }
+                    let g = self.shared.generation.load(Ordering::SeqCst);
+                    self.emit(g, Err(e)).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn session(&mut self, client: ReplicationClient) -> Result<End> {
+        let ReplicationClient { mut reader, writer, .. } = client;
+        let generation = self.shared.generation.load(Ordering::SeqCst);
+        let mut s = Session {
+            writer,
+            buf: BytesMut::new(),
+            shared: &self.shared,
+            delivery: Delivery::default(),
+        };
+        let mut decoder = Decoder::new();
+        let mut pending: Option<Event> = None;
+        let mut stop_after_pending = false;
+        let mut tick = tokio::time::interval(self.stream.status_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let stop = self.stream.stop_lsn;
+        loop {
+            tokio::select! {
+                biased;
+                _ = self.shutdown.changed() => {
+                    finish(&mut s, &mut reader).await;
+                    return Ok(End::Shutdown);
+                }
+                _ = tick.tick() => s.send_status(false).await?,
+                permit = self.tx.reserve(), if pending.is_some() => {
+                    let Ok(permit) = permit else {
+                        finish(&mut s, &mut reader).await;
+                        return Ok(End::Shutdown);
+                    };
+                    if let Some(ev) = pending.take() {
+                        permit.send(Item { generation, event: Ok(ev) });
+                    }
+                    if stop_after_pending {
+                        finish(&mut s, &mut reader).await;
+                        return Ok(End::Stopped);
+                    }
+                }
+                msg = reader.read(), if pending.is_none() => match msg? {
+                    Backend::CopyData(body) => match BackendReplicationMessage::decode(body)? {
+                        BackendReplicationMessage::XLogData(x) => {
+                            let ev = self.relations.event_from(decoder.decode(x.data)?)?;
+                            s.note(&ev);
+                            if let (Some(stop), Some(at)) = (stop, ev.ack_lsn()) {
+                                stop_after_pending |= at >= stop;
+                            }
+                            pending = Some(ev);
+                        }
+                        BackendReplicationMessage::PrimaryKeepalive(k) => {
+                            s.delivery.keepalive_end = s.delivery.keepalive_end.max(k.wal_end);
+                            if k.reply_requested || s.wants_status() {
+                                s.send_status(false).await?;
+                            }
+                            let d = &s.delivery;
+                            if stop.is_some_and(|stop| k.wal_end >= stop && !d.in_txn && d.open_streams.is_empty()) {
+                                finish(&mut s, &mut reader).await;
+                                return Ok(End::Stopped);
+                            }
+                        }
+                        _ => {}
+                    },
+                    Backend::Other(Message::ErrorResponse(b)) => return Err(Error::Db(db_error(b.fields())?)),
+                    Backend::Other(Message::NoticeResponse(_)) | Backend::Other(Message::ParameterStatus(_)) => {}
+                    Backend::Other(Message::CopyDone) => return Err(Error::Closed),
+                    Backend::Other(_) | Backend::CopyBothResponse => {
+                        return Err(Error::UnexpectedMessage { context: "replication stream", tag: b'?' })
+                    }
+                },
+            }
+        }
+    }
+}
+
+/// Ends the session cleanly: final feedback, CopyDone, wait briefly for the
+/// server to finish, Terminate.
+async fn finish<R: tokio::io::AsyncRead + Unpin>(s: &mut Session<'_>, reader: &mut crate::framing::FrameReader<R>) {
+    let _ = s.send_status(false).await;
+    let mut buf = BytesMut::new();
+    frontend::copy_done(&mut buf);
+    if s.writer.write_all(&buf).await.is_err() {
+        return;
+    }
+    let _ = s.writer.flush().await;
+    let drain = async {
+        loop {
+            match reader.read().await {
+                Ok(Backend::Other(Message::ReadyForQuery(_))) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(5), drain).await;
+    buf.clear();
+    frontend::terminate(&mut buf);
+    let _ = s.writer.write_all(&buf).await;
+    let _ = s.writer.shutdown().await;
+}
