@@ -1,0 +1,201 @@
+"""pgwal-lab command line.
+
+  pgwal-lab list                         scenarios, their defaults, profiles
+  pgwal-lab run SCENARIO [options]       run a scenario, store runs, write the report
+  pgwal-lab report RUNS.jsonl [--out D]  re-render a report from stored runs
+  pgwal-lab fsync-test [--profile P]     pg_test_fsync through the shim
+  pgwal-lab clean                        remove leftovers of crashed runs
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+from . import cleanup, disk, netem, report, scenarios, shim
+from .store import Store, machine_facts
+from .util import LAB_DIR, LabError, default_pg_bin, run
+
+
+def _parse_value(v: str):
+    try:
+        return json.loads(v)
+    except ValueError:
+        if "," in v:
+            return [_parse_value(x) for x in v.split(",")]
+        return v
+
+
+def _sigterm(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def cmd_list(args) -> int:
+    for name in scenarios.NAMES:
+        mod = scenarios.get(name)
+        print(f"{name}: {(mod.__doc__ or '').strip().splitlines()[0]}")
+        print(f"    defaults: {mod.DEFAULTS}")
+        print(f"    smoke:    {mod.SMOKE}")
+    print("disk profiles:", ", ".join(f"{k} ({v.fsync_us:g} us fsync)" for k, v in disk.PROFILES.items()))
+    print("net profiles:", ", ".join(f"{k} ({v.up_ms:g}/{v.down_ms:g} ms)" for k, v in netem.PROFILES.items()))
+    return 0
+
+
+def run_scenario(name: str, bin_dir: Path, overrides: dict, smoke: bool, results: Path,
+                 max_minutes: float, quiet: bool = False, write_report: bool = True) -> tuple[list[dict], Path]:
+    """Run a scenario; returns (records, results dir)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+        TimeRemainingColumn
+
+    mod = scenarios.get(name)
+    params = dict(mod.DEFAULTS)
+    if smoke:
+        params.update(mod.SMOKE)
+    params.update(overrides)
+    run_id = f"{name}-{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{os.getpid()}"
+    results.mkdir(parents=True, exist_ok=True)
+    store = Store(results / "runs.jsonl")
+    console = Console(stderr=True, quiet=quiet)
+    common = {"machine": machine_facts(), "bin_dir": str(bin_dir), "smoke": smoke}
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
+                        transient=False, disable=quiet)
+    task = progress.add_task(name, total=None)
+
+    def set_total(n, conf):
+        progress.update(task, total=n)
+        if conf is not None:
+            from .method import estimate_seconds
+
+            console.log(f"{n} runs, estimated {estimate_seconds(n, conf) / 60:.1f} min")
+
+    def advance(msg):
+        progress.update(task, advance=1)
+        console.log(msg)
+
+    ctx = scenarios.Context(bin_dir=bin_dir, store=store, run_id=run_id, common=common, progress=advance,
+                            set_total=set_total, deadline=time.monotonic() + max_minutes * 60,
+                            log=console.log)
+    old = signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        with progress:
+            records = mod.run(ctx, params)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    if write_report:
+        path = report.render(store.load(), results, title=f"pgwal lab: {name}")
+        console.log(f"report: {path}")
+    return records, results
+
+
+def cmd_run(args) -> int:
+    overrides = {}
+    for kv in args.set or []:
+        k, _, v = kv.partition("=")
+        overrides[k.replace("-", "_")] = _parse_value(v)
+    for k in ("iterations", "duration", "warmup", "settle"):
+        if getattr(args, k) is not None:
+            overrides[k] = getattr(args, k)
+    bin_dir = Path(args.bin) if args.bin else default_pg_bin()
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    results = Path(args.results) if args.results else LAB_DIR / "results" / f"{args.scenario}-{stamp}"
+    try:
+        run_scenario(args.scenario, bin_dir, overrides, args.smoke, results, args.max_minutes)
+    except KeyboardInterrupt:
+        print("interrupted: cluster torn down", file=sys.stderr)
+        return 130
+    if not args.no_print:
+        print((results / "report.md").read_text())
+    return 0
+
+
+def cmd_report(args) -> int:
+    recs = []
+    for f in args.runs:
+        recs += Store(Path(f)).load()
+    out = Path(args.out) if args.out else Path(args.runs[0]).parent
+    path = report.render(recs, out, title=args.title)
+    print(path.read_text())
+    return 0
+
+
+_FDATASYNC = re.compile(r"^\s*fdatasync\s+([\d.]+) ops/sec\s+([\d.]+) usecs/op", re.M)
+
+
+def fsync_test(bin_dir: Path, profile: str, directory: Path, seconds: int = 1) -> dict:
+    """pg_test_fsync with the shim configured by a disk profile; fdatasync us/op."""
+    prof = disk.profile(profile)
+    directory.mkdir(parents=True, exist_ok=True)
+    p = run([bin_dir / "pg_test_fsync", "-s", seconds, "-f", directory / "pgwal_fsync_test.out"],
+            env=prof.env() or None, timeout=120)
+    m = _FDATASYNC.search(p.stdout)
+    return {"profile": prof.name, "fdatasync_us": float(m.group(2)) if m else None, "output": p.stdout}
+
+
+def cmd_fsync_test(args) -> int:
+    bin_dir = Path(args.bin) if args.bin else default_pg_bin()
+    r = fsync_test(bin_dir, args.profile, Path(args.dir))
+    print(r["output"] if args.verbose else f"{r['profile']}: fdatasync {r['fdatasync_us']} us/op")
+    return 0
+
+
+def cmd_clean(args) -> int:
+    done = cleanup.clean()
+    if not done:
+        print("nothing to clean")
+    return 0
+
+
+def cmd_build(args) -> int:
+    print(shim.build(force=True))
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="pgwal-lab", description="pgwal benchmark lab")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list", help="scenarios and profiles").set_defaults(fn=cmd_list)
+    r = sub.add_parser("run", help="run a scenario")
+    r.add_argument("scenario", choices=scenarios.NAMES)
+    r.add_argument("--bin", help="PostgreSQL bin dir (default: $PGWAL_LAB_PG_BIN, the 18 check build, or 15)")
+    r.add_argument("--smoke", action="store_true", help="seconds-long version (for tests)")
+    r.add_argument("--iterations", type=int)
+    r.add_argument("--duration", type=float, help="seconds per measured run")
+    r.add_argument("--warmup", type=float)
+    r.add_argument("--settle", type=float)
+    r.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a scenario parameter (JSON or comma list), e.g. --set clients=8,64")
+    r.add_argument("--results", help="results directory (default lab/results/SCENARIO-TIME)")
+    r.add_argument("--max-minutes", type=float, default=240, help="hard time limit for the scenario")
+    r.add_argument("--no-print", action="store_true")
+    r.set_defaults(fn=cmd_run)
+    rp = sub.add_parser("report", help="render a report from stored runs")
+    rp.add_argument("runs", nargs="+")
+    rp.add_argument("--out")
+    rp.add_argument("--title")
+    rp.set_defaults(fn=cmd_report)
+    f = sub.add_parser("fsync-test", help="pg_test_fsync through the latency shim")
+    f.add_argument("--profile", default="tmpfs")
+    f.add_argument("--bin")
+    f.add_argument("--dir", default="/dev/shm/pgwal-fsync-test")
+    f.add_argument("-v", "--verbose", action="store_true")
+    f.set_defaults(fn=cmd_fsync_test)
+    sub.add_parser("clean", help="remove leftovers of crashed runs").set_defaults(fn=cmd_clean)
+    sub.add_parser("build-shim", help="compile the LD_PRELOAD shim").set_defaults(fn=cmd_build)
+    args = ap.parse_args(argv)
+    try:
+        return args.fn(args)
+    except LabError as e:
+        print(f"pgwal-lab: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""Named scenarios.  Each module has DEFAULTS, SMOKE (a seconds-long
+version for tests) and run(ctx, params) -> list of stored records."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ..method import MethodConf
+from ..util import LabError
+
+# canonical order, weakest promise first; unknown levels go before "on"
+LEVEL_ORDER = ["off", "local", "local_non_durable_reads", "remote_receive", "remote_write", "on", "remote_apply"]
+
+
+def sync_levels(node) -> list[str]:
+    """Every synchronous_commit level the server accepts, in promise order."""
+    vals = node.scalar("SELECT enumvals FROM pg_settings WHERE name = 'synchronous_commit'")
+    vals = [v for v in vals if v not in ("true", "false", "yes", "no", "1", "0")]
+    known = [v for v in LEVEL_ORDER if v in vals]
+    extra = [v for v in vals if v not in LEVEL_ORDER]
+    return known[: known.index("on")] + extra + known[known.index("on"):] if "on" in known else known + extra
+
+
+@dataclass
+class Context:
+    bin_dir: Path
+    store: object
+    run_id: str
+    common: dict
+    progress: Callable | None = None      # progress(message) after each run
+    set_total: Callable | None = None     # set_total(n_runs, seconds_per_run)
+    deadline: float | None = None
+    log: Callable = print
+    extra: dict = field(default_factory=dict)
+
+    def check_deadline(self, what: str) -> None:
+        if self.deadline and time.monotonic() > self.deadline:
+            raise LabError(f"time limit reached before {what}")
+
+
+def method_conf(params: dict) -> MethodConf:
+    return MethodConf(iterations=int(params["iterations"]), duration=float(params["duration"]),
+                      warmup=float(params["warmup"]), settle=float(params["settle"]),
+                      reset_data=bool(params.get("reset_data", False)))
+
+
+def get(name: str):
+    from . import hot_counter, large_txn, sync_modes, wal_volume
+
+    mods = {"sync-modes": sync_modes, "hot-counter": hot_counter, "wal-volume": wal_volume, "large-txn": large_txn}
+    if name not in mods:
+        raise LabError(f"unknown scenario {name!r} (known: {', '.join(mods)})")
+    return mods[name]
+
+
+NAMES = ["sync-modes", "hot-counter", "wal-volume", "large-txn"]

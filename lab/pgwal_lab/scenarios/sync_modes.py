@@ -1,0 +1,46 @@
+"""sync-modes: every synchronous_commit level the server accepts, on a
+primary + 1 synchronous standby, TPC-B, across three environments:
+  lan-fast          LAN link (0.05 ms one way), nvme disks everywhere
+  lan-slow-standby  LAN link, standby disk 'slow-write' (+2 ms fsync, +0.3 ms pwrite)
+  wan20             ~20 ms RTT link (10 ms each way), nvme disks
+Levels are discovered from pg_settings, so a patched server's new levels
+(e.g. remote_receive) join automatically."""
+from __future__ import annotations
+
+from .. import topology
+from ..method import Variant, run_groups
+from ..workloads import tpcb
+from . import Context, method_conf, sync_levels
+
+NAME = "sync-modes"
+PROFILES = {
+    "lan-fast": {"net": "lan", "primary_disk": "nvme", "standby_disk": "nvme"},
+    "lan-slow-standby": {"net": "lan", "primary_disk": "nvme", "standby_disk": "slow-write"},
+    "wan20": {"net": "wan20", "primary_disk": "nvme", "standby_disk": "nvme"},
+}
+DEFAULTS = {"levels": "auto", "profiles": list(PROFILES), "scale": 10, "clients": 4,
+            "iterations": 10, "duration": 30, "warmup": 5, "settle": 10}
+SMOKE = {"profiles": ["lan-fast"], "scale": 1, "clients": 2, "iterations": 1, "duration": 1, "warmup": 0,
+         "settle": 0}
+
+
+def run(ctx: Context, params: dict) -> list[dict]:
+    profiles = params["profiles"]
+    first = PROFILES[profiles[0]]
+    spec = topology.ClusterSpec(bin_dir=ctx.bin_dir, primary_disk=first["primary_disk"],
+                                standbys=[topology.StandbySpec("s1", sync=True, disk=first["standby_disk"],
+                                                               net=first["net"])])
+    wl = tpcb(scale=int(params["scale"]))
+    conf = method_conf(params)
+    with topology.Cluster(spec) as cluster:
+        levels = sync_levels(cluster.primary) if params["levels"] == "auto" else list(params["levels"])
+        variants = [Variant(lvl, prof, wl, int(params["clients"]), {"synchronous_commit": lvl}, PROFILES[prof],
+                            {"level": lvl, "profile": prof})
+                    for prof in profiles for lvl in levels]
+        if ctx.set_total:
+            ctx.set_total(len(variants) * conf.iterations, conf)
+        ctx.log(f"{NAME}: levels {levels}, profiles {profiles}, server {cluster.server_version()}")
+        wl.init(cluster.primary, ctx.bin_dir)
+        common = dict(ctx.common, server_version=cluster.server_version(), topology="primary + 1 sync standby",
+                      namespaces=cluster.use_ns, params=params)
+        return run_groups(cluster, variants, conf, ctx.store, NAME, ctx.run_id, common, ctx.progress, ctx.deadline)

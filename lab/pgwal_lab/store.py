@@ -1,0 +1,63 @@
+"""Run storage: one JSON object per line, each with the full configuration,
+versions and machine facts, so a report can be regenerated from it alone."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+from .util import REPO, netdelay_binary
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def machine_facts() -> dict:
+    cpu = next((l.split(":", 1)[1].strip() for l in _read("/proc/cpuinfo").splitlines()
+                if l.startswith("model name")), platform.processor())
+    mem_kb = next((int(l.split()[1]) for l in _read("/proc/meminfo").splitlines() if l.startswith("MemTotal")), 0)
+    try:
+        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        commit = None
+    try:
+        proxy = str(netdelay_binary())
+    except Exception:
+        proxy = None
+    return {
+        "kernel": platform.release(),
+        "os": _read("/etc/os-release").split("PRETTY_NAME=")[-1].split("\n")[0].strip('"') or platform.platform(),
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "mem_gib": round(mem_kb / 1048576, 1),
+        "loadavg": os.getloadavg(),
+        "python": platform.python_version(),
+        "repo_commit": commit,
+        "proxy": proxy,
+        "euid": os.geteuid(),
+    }
+
+
+class Store:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def append(self, record: dict) -> None:
+        record = dict(record)
+        record.setdefault("stored_at", dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+        with self.path.open("a") as f:
+            f.write(json.dumps(record, default=str) + "\n")
+
+    def load(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        return [json.loads(l) for l in self.path.read_text().splitlines() if l.strip()]

@@ -1,0 +1,127 @@
+"""Shared helpers: paths, running commands (bounded in time), privilege drop."""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+LAB_DIR = Path(__file__).resolve().parent.parent
+REPO = LAB_DIR.parent
+AS_USER = REPO / "tools" / "as-user"
+BUILD_DIR = LAB_DIR / ".build"
+PREFIX = "pgwal"  # every namespace, veth, loop file and mount carries it
+
+
+class LabError(RuntimeError):
+    pass
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def workdir() -> Path:
+    """Runtime directory for clusters (data dirs, sockets, state files)."""
+    d = Path(os.environ.get("PGWAL_LAB_WORKDIR", "/tmp/pgwal-lab"))
+    d.mkdir(parents=True, exist_ok=True)
+    if is_root():
+        d.chmod(0o755)
+    return d
+
+
+def state_dir() -> Path:
+    d = workdir() / "state"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+def default_pg_bin() -> Path:
+    env = os.environ.get("PGWAL_LAB_PG_BIN")
+    if env:
+        return Path(env)
+    for cand in (REPO / ".build/install/check/bin", Path("/usr/lib/postgresql/15/bin")):
+        if (cand / "postgres").exists():
+            return cand
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"))
+    if found:
+        return found[-1].parent
+    raise LabError("no PostgreSQL bin dir: set PGWAL_LAB_PG_BIN")
+
+
+def pg_user() -> str:
+    """The unprivileged OS user servers run as."""
+    if not is_root():
+        import pwd
+
+        return pwd.getpwuid(os.geteuid()).pw_name
+    return subprocess.run([str(AS_USER), "--ensure"], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def chown_to_pg(path: Path) -> None:
+    if is_root():
+        shutil.chown(path, pg_user(), pg_user())
+
+
+def run(cmd, *, timeout: float = 120, check: bool = True, env=None, cwd=None, netns: str | None = None,
+        as_pg: bool = False, capture: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+    """Run a command, bounded in time.  netns: run inside that namespace;
+    as_pg: drop to the unprivileged PostgreSQL user when root."""
+    cmd = [str(c) for c in cmd]
+    if as_pg and is_root():
+        cmd = [str(AS_USER)] + cmd
+    if netns:
+        cmd = ["ip", "netns", "exec", netns] + cmd
+    full_env = None
+    if env:
+        full_env = dict(os.environ)
+        full_env.update({k: str(v) for k, v in env.items()})
+    try:
+        p = subprocess.run(cmd, timeout=timeout, env=full_env, cwd=cwd, text=True, input=input,
+                           stdout=subprocess.PIPE if capture else None,
+                           stderr=subprocess.PIPE if capture else None)
+    except subprocess.TimeoutExpired as e:
+        raise LabError(f"timed out after {timeout}s: {shlex.join(cmd)}") from e
+    if check and p.returncode != 0:
+        raise LabError(f"command failed ({p.returncode}): {shlex.join(cmd)}\n{(p.stderr or '')[-2000:]}")
+    return p
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(pred, timeout: float, what: str, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise LabError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def proc_cpu_seconds(pid: int) -> float | None:
+    """utime + stime of a process, in seconds."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def netdelay_binary() -> Path:
+    env = os.environ.get("PGWAL_NETDELAY")
+    cands = [Path(env)] if env else []
+    cands += [REPO / "crates/target/release/pgwal-netdelay", BUILD_DIR / "netdelay/target/release/pgwal-netdelay",
+              REPO / "crates/target/debug/pgwal-netdelay"]
+    for c in cands:
+        if c.exists():
+            return c
+    raise LabError("pgwal-netdelay not built: cd crates && cargo build --release -p pgwal-netdelay")

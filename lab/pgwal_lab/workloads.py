@@ -1,0 +1,154 @@
+"""pgbench workloads: TPC-B, hot counter, large transaction, insert.
+
+Each workload knows how to create its data (`init`), optionally reset it
+between runs (`reset`), and which pgbench script and protocol to run.
+`run_pgbench` runs pgbench against a node (bounded in time) with the
+per-transaction log on and returns TPS and latency statistics from it.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .util import LabError, run
+
+
+@dataclass
+class Workload:
+    name: str
+    script: str | None = None        # pgbench script text; None = builtin
+    builtin: str | None = None       # e.g. "tpcb-like"
+    protocol: str = "prepared"
+    init_sql: list[str] = field(default_factory=list)
+    reset_sql: list[str] = field(default_factory=list)
+    pgbench_init: list[str] | None = None  # args for pgbench -i
+
+    def init(self, node, pg_bin: Path, timeout: float = 600) -> None:
+        if self.pgbench_init is not None:
+            run([pg_bin / "pgbench", "-i", "-q", *self.pgbench_init, *node.pgbench_conn_args(), "postgres"],
+                timeout=timeout)
+        for s in self.init_sql:
+            node.sql(s, timeout_s=timeout)
+
+    def reset(self, node) -> None:
+        for s in self.reset_sql:
+            node.sql(s)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "builtin": self.builtin, "script": self.script, "protocol": self.protocol,
+                "pgbench_init": self.pgbench_init}
+
+
+def tpcb(scale: int = 10, fillfactor: int = 100, select_only: bool = False, skip_some: bool = False) -> Workload:
+    b = "select-only" if select_only else ("simple-update" if skip_some else "tpcb-like")
+    return Workload("tpcb", builtin=b, pgbench_init=["-s", str(scale), "-F", str(fillfactor)])
+
+
+def hot_counter() -> Workload:
+    return Workload(
+        "hot-counter",
+        script="UPDATE counters SET counter = counter + 1 WHERE id = 0;\n",
+        init_sql=["DROP TABLE IF EXISTS counters",
+                  "CREATE TABLE counters (id int PRIMARY KEY, counter bigint NOT NULL)",
+                  "INSERT INTO counters VALUES (0, 0)"],
+    )
+
+
+def large_txn(rows: int = 80, row_bytes: int = 8000, tables: int = 32) -> Workload:
+    """`rows` rows of `row_bytes` bytes into one of `tables` tables per
+    transaction.  The payload repeats an md5, so TOAST compresses it:
+    WAL per transaction is measured, not assumed."""
+    reps = max(1, row_bytes // 32)
+    script = (f"\\set t random(0, {tables - 1})\n"
+              f"INSERT INTO large_:t (payload) SELECT repeat(md5(random()::text), {reps}) "
+              f"FROM generate_series(1, {rows});\n")
+    init = []
+    for i in range(tables):
+        init += [f"DROP TABLE IF EXISTS large_{i}", f"CREATE TABLE large_{i} (id bigserial, payload text)"]
+    return Workload("large-txn", script=script, protocol="simple", init_sql=init,
+                    reset_sql=[f"TRUNCATE {', '.join(f'large_{i}' for i in range(tables))}"])
+
+
+def insert() -> Workload:
+    return Workload(
+        "insert",
+        script="\\set v random(1, 1000000)\nINSERT INTO ins (v, pad) VALUES (:v, repeat('x', 100));\n",
+        init_sql=["DROP TABLE IF EXISTS ins", "CREATE TABLE ins (id bigserial PRIMARY KEY, v int, pad text)"],
+        reset_sql=["TRUNCATE ins"],
+    )
+
+
+WORKLOADS = {"tpcb": tpcb, "hot-counter": hot_counter, "large-txn": large_txn, "insert": insert}
+
+_TPS = re.compile(r"tps = ([0-9.]+) \((?:without initial connection time|excluding connections establishing)\)")
+_TPS_ANY = re.compile(r"tps = ([0-9.]+)")
+_XACTS = re.compile(r"number of transactions actually processed: (\d+)")
+_FAILED = re.compile(r"number of failed transactions: (\d+)")
+
+
+def parse_log_latencies(files) -> np.ndarray:
+    """Latencies in microseconds from pgbench per-transaction log files
+    (`client xact time script epoch usec [lag]`); skipped/failed excluded."""
+    chunks = []
+    for f in files:
+        vals = []
+        with open(f) as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) >= 3 and parts[2].isdigit():
+                    vals.append(int(parts[2]))
+        chunks.append(np.asarray(vals, dtype=np.int64))
+    return np.concatenate(chunks) if chunks else np.array([], dtype=np.int64)
+
+
+def latency_summary(lat_us: np.ndarray) -> dict:
+    if lat_us.size == 0:
+        return {"lat_mean_ms": None, "lat_p50_ms": None, "lat_p99_ms": None}
+    return {"lat_mean_ms": float(lat_us.mean() / 1000), "lat_p50_ms": float(np.percentile(lat_us, 50) / 1000),
+            "lat_p99_ms": float(np.percentile(lat_us, 99) / 1000)}
+
+
+def run_pgbench(node, pg_bin: Path, wl: Workload, clients: int, duration: float | None = None,
+                transactions: int | None = None, threads: int | None = None, log: bool = True,
+                extra: list[str] | None = None, timeout: float | None = None) -> dict:
+    """Run pgbench against `node`; returns tps, transactions and latency stats."""
+    threads = threads or max(1, min(clients, os.cpu_count() or 2))
+    with tempfile.TemporaryDirectory(prefix="pgwal-pgbench-") as tmp:
+        cmd = [str(pg_bin / "pgbench"), "-n", "-c", str(clients), "-j", str(threads), "-M", wl.protocol]
+        if duration is not None:
+            cmd += ["-T", str(max(1, int(round(duration))))]
+        elif transactions is not None:
+            cmd += ["-t", str(transactions)]
+        else:
+            raise LabError("run_pgbench needs duration or transactions")
+        if wl.builtin:
+            cmd += ["-b", wl.builtin]
+        else:
+            script = Path(tmp) / "script.sql"
+            script.write_text(wl.script)
+            cmd += ["-f", str(script)]
+        if log:
+            cmd += ["-l", f"--log-prefix={tmp}/pgbench_log"]
+        cmd += list(extra or []) + node.pgbench_conn_args() + ["postgres"]
+        limit = timeout or ((duration or 0) + 120 if duration else 600)
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, cwd=tmp)
+        except subprocess.TimeoutExpired as e:
+            raise LabError(f"pgbench exceeded {limit}s") from e
+        if p.returncode != 0:
+            raise LabError(f"pgbench failed ({p.returncode}): {p.stderr[-1500:]}")
+        m = _TPS.search(p.stdout) or _TPS_ANY.search(p.stdout)
+        res = {"tps": float(m.group(1)) if m else None,
+               "transactions": int(_XACTS.search(p.stdout).group(1)) if _XACTS.search(p.stdout) else None,
+               "failed": int(_FAILED.search(p.stdout).group(1)) if _FAILED.search(p.stdout) else 0,
+               "clients": clients, "threads": threads}
+        if log:
+            res.update(latency_summary(parse_log_latencies(sorted(glob.glob(f"{tmp}/pgbench_log*")))))
+        return res

@@ -1,0 +1,75 @@
+"""Topology comes up, replicates (also through a cascade and a delay proxy),
+a synchronous standby really blocks commits while it is down, and teardown
+leaves nothing behind."""
+import threading
+import time
+
+import pytest
+
+from pgwal_lab import topology
+
+from .conftest import lab_leftovers
+
+
+@pytest.fixture(scope="module")
+def cluster(pg_bin):
+    spec = topology.ClusterSpec(bin_dir=pg_bin, standbys=[
+        topology.StandbySpec("s1", sync=True, net="lan", disk="nvme"),
+        topology.StandbySpec("s2", sync=False, upstream="s1"),  # cascading, async
+    ])
+    c = topology.Cluster(spec).create()
+    yield c
+    c.destroy()
+    left = lab_leftovers()
+    assert not any(c.id in l for v in left.values() for l in v), left
+
+
+def test_replicates_through_cascade(cluster):
+    p = cluster.primary
+    p.sql("CREATE TABLE t (x int)")
+    p.sql("INSERT INTO t SELECT generate_series(1, 100)")
+    cluster.wait_replay(timeout=30)
+    assert cluster.nodes["s1"].scalar("SELECT count(*) FROM t") == 100
+    assert cluster.nodes["s2"].scalar("SELECT count(*) FROM t") == 100
+    rows = dict(p.sql("SELECT application_name, sync_state FROM pg_stat_replication"))
+    assert rows == {"s1": "sync"}
+    assert cluster.nodes["s1"].scalar("SELECT count(*) FROM pg_stat_replication WHERE application_name='s2'") == 1
+
+
+def test_sync_standby_blocks_commit_when_stopped(cluster):
+    p, s1 = cluster.primary, cluster.nodes["s1"]
+    s1.stop()
+    try:
+        done = threading.Event()
+        err = []
+
+        def commit():
+            try:
+                p.sql("INSERT INTO t VALUES (-1)", timeout_s=60)
+            except Exception as e:  # pragma: no cover - reported below
+                err.append(e)
+            done.set()
+
+        th = threading.Thread(target=commit, daemon=True)
+        th.start()
+        assert not done.wait(2.0), "commit returned although the sync standby is down"
+        assert p.scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'") == 1
+    finally:
+        s1.start()
+    assert done.wait(30), "commit did not return after the standby came back"
+    assert not err
+    cluster.wait_streaming()
+    cluster.wait_replay(timeout=30)
+    assert s1.scalar("SELECT count(*) FROM t WHERE x = -1") == 1
+
+
+def test_network_namespaces_when_root(cluster):
+    import os
+
+    if os.geteuid() != 0:
+        assert not cluster.use_ns
+        return
+    assert cluster.use_ns
+    # the standby reaches the primary over its veth (via the proxy in its namespace)
+    addr = cluster.primary.scalar("SELECT client_addr::text FROM pg_stat_replication WHERE application_name='s1'")
+    assert addr.startswith(topology.SUBNET + ".1.2")
