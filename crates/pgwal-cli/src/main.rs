@@ -1,1 +1,92 @@
-fn main(){}
+//! `pgwal`: stream PostgreSQL logical changes as JSON lines, manage slots.
+
+mod json;
+mod slot_cmd;
+mod stream_cmd;
+
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Stream PostgreSQL logical replication changes (pgoutput) as JSON lines.
+#[derive(Parser, Debug)]
+#[command(name = "pgwal", version, about, long_about = None)]
+struct Cli {
+    /// Connection string: a URI (postgresql://user@host/db) or key=value pairs.
+    /// Unset options come from PGHOST, PGPORT, PGUSER, PGPASSWORD,
+    /// PGDATABASE, PGSSLMODE and ~/.pgpass.
+    #[arg(short = 'd', long = "dbname", global = true, env = "PGWAL_CONNINFO", default_value = "")]
+    conninfo: String,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Stream changes as JSON lines on stdout, one transaction framed by its
+    /// begin and commit lines; positions are acknowledged only after the
+    /// output was written and flushed.
+    Stream(stream_cmd::StreamArgs),
+    /// Manage logical replication slots.
+    #[command(subcommand)]
+    Slot(SlotCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum SlotCommand {
+    /// Create a logical slot using pgoutput; prints its consistent point.
+    Create(SlotCreateArgs),
+    /// Drop a slot.
+    Drop(SlotDropArgs),
+    /// List the replication slots of the server as JSON lines.
+    List,
+}
+
+#[derive(Args, Debug)]
+struct SlotCreateArgs {
+    /// Slot name (lower-case letters, digits, underscores).
+    name: String,
+    /// Decode prepared transactions at PREPARE time.
+    #[arg(long)]
+    two_phase: bool,
+    /// Mark the slot for failover to standbys (PostgreSQL 17+).
+    #[arg(long)]
+    failover: bool,
+}
+
+#[derive(Args, Debug)]
+struct SlotDropArgs {
+    /// Slot name.
+    name: String,
+    /// Wait for the slot to become inactive instead of failing.
+    #[arg(long)]
+    wait: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("pgwal: cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async {
+        let config = pgwal::Config::parse(&cli.conninfo)?;
+        match cli.command {
+            Command::Stream(a) => stream_cmd::run(config, a).await,
+            Command::Slot(SlotCommand::Create(a)) => slot_cmd::create(config, &a.name, a.two_phase, a.failover).await,
+            Command::Slot(SlotCommand::Drop(a)) => slot_cmd::drop(config, &a.name, a.wait).await,
+            Command::Slot(SlotCommand::List) => slot_cmd::list(config).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pgwal: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -24,7 +24,10 @@ use crate::worker::{open_session, Item, Worker};
 /// A background task owns the connection, reconnects on transient errors
 /// (restarting from the acknowledged position) and sends feedback on its own
 /// timer, whatever the consumer is doing. Drop the stream or call
-/// [`shutdown`](Self::shutdown) to stop it.
+/// [`shutdown`](Self::shutdown) to stop it; either sends a final status
+/// update carrying the last acknowledgement. With a `stop_lsn` the stream
+/// yields `None` once it is reached, and the connection stays open (sending
+/// feedback) until shutdown or drop.
 ///
 /// ```no_run
 /// use futures_util::StreamExt;
@@ -50,6 +53,7 @@ pub struct LogicalStream {
     shared: Arc<Shared>,
     shutdown: watch::Sender<bool>,
     task: Option<JoinHandle<()>>,
+    ended: bool,
 }
 
 impl std::fmt::Debug for LogicalStream {
@@ -96,6 +100,7 @@ impl LogicalStream {
             shared,
             shutdown: stop_tx,
             task: Some(task),
+            ended: false,
         })
     }
 
@@ -138,6 +143,9 @@ impl Stream for LogicalStream {
     type Item = Result<Event>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
         loop {
             match self.rx.poll_recv(cx) {
                 Poll::Ready(Some(item)) => {
@@ -145,7 +153,10 @@ impl Stream for LogicalStream {
                     if item.generation < self.shared.generation.load(Ordering::SeqCst) {
                         continue;
                     }
-                    return Poll::Ready(Some(item.event));
+                    if item.event.is_none() {
+                        self.ended = true;
+                    }
+                    return Poll::Ready(item.event);
                 }
                 Poll::Ready(None) => return Poll::Ready(None),
                 Poll::Pending => return Poll::Pending,

@@ -29,10 +29,11 @@ use crate::relations::RelationCache;
 use crate::socket::Socket;
 use crate::stream_config::StreamConfig;
 
-/// An event tagged with the session that produced it.
+/// An event tagged with the session that produced it; `None` marks the
+/// end of the stream (`stop_lsn` reached).
 pub(crate) struct Item {
     pub(crate) generation: u64,
-    pub(crate) event: Result<Event>,
+    pub(crate) event: Option<Result<Event>>,
 }
 
 enum End {
@@ -69,14 +70,14 @@ pub(crate) async fn open_session(config: &Config, stream: &StreamConfig, shared:
     Ok((client, start))
 }
 
-struct Session<'a> {
+struct Session {
     writer: WriteHalf<Box<dyn Socket>>,
     buf: BytesMut,
-    shared: &'a Shared,
+    shared: Arc<Shared>,
     delivery: Delivery,
 }
 
-impl Session<'_> {
+impl Session {
     async fn send_status(&mut self, reply: bool) -> Result<()> {
         let acked = Lsn(self.shared.acked.load(Ordering::SeqCst));
         let confirmed = Lsn(self.shared.confirmed.load(Ordering::SeqCst));
@@ -128,7 +129,7 @@ impl Worker {
     }
 
     async fn emit(&mut self, generation: u64, event: Result<Event>) {
-        let _ = self.tx.send(Item { generation, event }).await;
+        let _ = self.tx.send(Item { generation, event: Some(event) }).await;
     }
 
     /// Runs sessions until shutdown, `stop_lsn`, or a permanent error.
@@ -191,13 +192,26 @@ impl Worker {
         }
     }
 
+    /// `stop_lsn` reached: tell the consumer the stream ended, then keep
+    /// sending feedback (so its last acks reach the server) until it shuts
+    /// the stream down or drops it.
+    async fn stop(&mut self, generation: u64, s: &mut Session, tick: &mut tokio::time::Interval) -> Result<()> {
+        let _ = self.tx.send(Item { generation, event: None }).await;
+        loop {
+            tokio::select! {
+                _ = self.shutdown.changed() => return Ok(()),
+                _ = tick.tick() => s.send_status(false).await?,
+            }
+        }
+    }
+
     async fn session(&mut self, client: ReplicationClient) -> Result<End> {
         let ReplicationClient { mut reader, writer, .. } = client;
         let generation = self.shared.generation.load(Ordering::SeqCst);
         let mut s = Session {
             writer,
             buf: BytesMut::new(),
-            shared: &self.shared,
+            shared: self.shared.clone(),
             delivery: Delivery::default(),
         };
         let mut decoder = Decoder::new();
@@ -206,7 +220,13 @@ impl Worker {
         let mut tick = tokio::time::interval(self.stream.status_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let stop = self.stream.stop_lsn;
+        let mut stop_now = false;
         loop {
+            if stop_now {
+                self.stop(generation, &mut s, &mut tick).await?;
+                finish(&mut s, &mut reader).await;
+                return Ok(End::Stopped);
+            }
             tokio::select! {
                 biased;
                 _ = self.shutdown.changed() => {
@@ -220,12 +240,9 @@ impl Worker {
                         return Ok(End::Shutdown);
                     };
                     if let Some(ev) = pending.take() {
-                        permit.send(Item { generation, event: Ok(ev) });
+                        permit.send(Item { generation, event: Some(Ok(ev)) });
                     }
-                    if stop_after_pending {
-                        finish(&mut s, &mut reader).await;
-                        return Ok(End::Stopped);
-                    }
+                    stop_now = stop_after_pending;
                 }
                 msg = reader.read(), if pending.is_none() => match msg? {
                     Backend::CopyData(body) => match BackendReplicationMessage::decode(body)? {
@@ -244,8 +261,7 @@ impl Worker {
                             }
                             let d = &s.delivery;
                             if stop.is_some_and(|stop| k.wal_end >= stop && !d.in_txn && d.open_streams.is_empty()) {
-                                finish(&mut s, &mut reader).await;
-                                return Ok(End::Stopped);
+                                stop_now = true;
                             }
                         }
                         _ => {}
@@ -264,7 +280,7 @@ impl Worker {
 
 /// Ends the session cleanly: final feedback, CopyDone, wait briefly for the
 /// server to finish, Terminate.
-async fn finish<R: tokio::io::AsyncRead + Unpin>(s: &mut Session<'_>, reader: &mut crate::framing::FrameReader<R>) {
+async fn finish<R: tokio::io::AsyncRead + Unpin>(s: &mut Session, reader: &mut crate::framing::FrameReader<R>) {
     let _ = s.send_status(false).await;
     let mut buf = BytesMut::new();
     frontend::copy_done(&mut buf);

@@ -1,0 +1,122 @@
+//! `pgwal stream`.
+
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use futures_util::StreamExt;
+use pgwal::{Config, CreateSlotOptions, Error, LogicalStream, Lsn, ReplicationClient, Result, StreamConfig, Streaming};
+use tokio::io::AsyncWriteExt;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub(crate) enum StreamingArg {
+    Off,
+    On,
+    Parallel,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct StreamArgs {
+    /// Logical replication slot to stream from.
+    #[arg(short = 'S', long)]
+    slot: String,
+    /// Publication to stream (repeatable).
+    #[arg(short = 'P', long = "publication", required = true)]
+    publications: Vec<String>,
+    /// Create the slot first (no error if it exists).
+    #[arg(long)]
+    create_slot: bool,
+    /// Start here, unless the slot has confirmed a later position.
+    #[arg(long, value_parser = parse_lsn)]
+    start_lsn: Option<Lsn>,
+    /// Exit once a transaction ending at or after this position was written,
+    /// or the server's WAL passed it with nothing pending.
+    #[arg(long, value_parser = parse_lsn)]
+    stop_lsn: Option<Lsn>,
+    /// pgoutput protocol version (default: highest the server supports).
+    #[arg(long)]
+    proto_version: Option<u32>,
+    /// Stream large in-progress transactions.
+    #[arg(long, value_enum, default_value = "off")]
+    streaming: StreamingArg,
+    /// Decode prepared transactions at PREPARE (slot must be two-phase).
+    #[arg(long)]
+    two_phase: bool,
+    /// Include pg_logical_emit_message messages.
+    #[arg(long)]
+    messages: bool,
+    /// Seconds between feedback messages.
+    #[arg(long, default_value_t = 1.0)]
+    status_interval: f64,
+}
+
+fn parse_lsn(s: &str) -> std::result::Result<Lsn, String> {
+    s.parse::<Lsn>().map_err(|e| e.to_string())
+}
+
+pub(crate) async fn run(config: Config, a: StreamArgs) -> Result<()> {
+    if a.create_slot {
+        let mut c = ReplicationClient::connect(&config).await?;
+        match c.create_logical_slot(&a.slot, &CreateSlotOptions::new().two_phase(a.two_phase)).await {
+            Ok(_) => {}
+            Err(e) if e.code() == Some("42710") => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let mut cfg = StreamConfig::new(a.slot, a.publications)
+        .streaming(match a.streaming {
+            StreamingArg::Off => Streaming::Off,
+            StreamingArg::On => Streaming::On,
+            StreamingArg::Parallel => Streaming::Parallel,
+        })
+        .two_phase(a.two_phase)
+        .messages(a.messages)
+        .status_interval(Duration::from_secs_f64(a.status_interval.max(0.01)));
+    if let Some(v) = a.proto_version {
+        cfg = cfg.proto_version(v);
+    }
+    if let Some(l) = a.start_lsn {
+        cfg = cfg.start_lsn(l);
+    }
+    if let Some(l) = a.stop_lsn {
+        cfg = cfg.stop_lsn(l);
+    }
+    let mut stream = LogicalStream::start(config, cfg).await?;
+    let mut out = tokio::io::BufWriter::with_capacity(256 * 1024, tokio::io::stdout());
+    let progress = std::io::stderr().is_terminal();
+    let (mut events, mut last_events, mut last_report) = (0u64, 0u64, Instant::now());
+    let mut line = Vec::with_capacity(512);
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    loop {
+        let event = tokio::select! {
+            e = stream.next() => e,
+            _ = &mut ctrl_c => None,
+        };
+        let Some(event) = event else { break };
+        let event = event?;
+        events += 1;
+        if let Some(v) = crate::json::event(&event) {
+            line.clear();
+            serde_json::to_writer(&mut line, &v).map_err(|e| Error::Io(e.into()))?;
+            line.push(b'\n');
+            out.write_all(&line).await?;
+        }
+        if let Some(lsn) = event.ack_lsn() {
+            // Acknowledge only what has reached stdout.
+            out.flush().await?;
+            stream.ack(lsn);
+        }
+        if progress && last_report.elapsed() >= Duration::from_secs(1) {
+            let rate = (events - last_events) as f64 / last_report.elapsed().as_secs_f64();
+            eprint!("\r{events} events, {rate:.0}/s, acked {}   ", stream.acked());
+            last_events = events;
+            last_report = Instant::now();
+        }
+    }
+    out.flush().await?;
+    if progress {
+        eprintln!();
+    }
+    stream.shutdown().await
+}
