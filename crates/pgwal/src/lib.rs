@@ -32,6 +32,7 @@
 mod client;
 mod commands;
 mod config;
+pub mod de;
 mod error;
 mod event;
 mod framing;
@@ -44,6 +45,7 @@ mod socket;
 mod startup;
 mod stream_config;
 mod tls;
+pub mod types;
 mod worker;
 
 pub use client::{ReplicationClient, SimpleRow};

@@ -43,6 +43,11 @@ where
         ("user", &config.user),
         ("database", &config.dbname),
         ("client_encoding", "UTF8"),
+        // Fixed text formats, so that typed decoding is unambiguous.
+        ("DateStyle", "ISO"),
+        ("TimeZone", "UTC"),
+        ("bytea_output", "hex"),
+        ("extra_float_digits", "3"),
     ];
     if replication {
         params.push(("replication", "database"));

@@ -1,0 +1,212 @@
+//! Serde deserialization of rows into user types.
+
+use serde::de::{self, DeserializeSeed, Deserializer, IntoDeserializer, MapAccess, SeqAccess, Visitor};
+
+use crate::error::Error;
+use crate::event::Row;
+use crate::types::{decode, Value};
+
+/// The error of row deserialization.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot deserialize row: {0}")]
+pub struct DeError(pub String);
+
+impl de::Error for DeError {
+    fn custom<T: std::fmt::Display>(msg: T) -> Self {
+        DeError(msg.to_string())
+    }
+}
+
+impl From<Error> for DeError {
+    fn from(e: Error) -> Self {
+        DeError(e.to_string())
+    }
+}
+
+impl Row {
+    /// Deserializes the row into `T` (a struct or map keyed by column name).
+    ///
+    /// Column values are decoded by type ([`types::decode`](crate::types::decode)):
+    /// integers, floats, bools, text, `numeric` (as a string, or parsed when
+    /// the target is a number), `bytea` (`Vec<u8>`), `json`/`jsonb` (any
+    /// deserializable type), `uuid` (hyphenated string), timestamps
+    /// (RFC 3339 string, UTC), dates (`YYYY-MM-DD`) and arrays (sequences).
+    /// NULL fits `Option`; an unchanged TOAST value is an error.
+    ///
+    /// ```no_run
+    /// # fn f(change: pgwal::Change) -> Result<(), pgwal::de::DeError> {
+    /// #[derive(serde::Deserialize)]
+    /// struct User { id: i64, email: Option<String>, tags: Vec<String> }
+    /// let user: User = change.new.as_ref().unwrap().deserialize()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn deserialize<'de, T: serde::Deserialize<'de>>(&self) -> Result<T, DeError> {
+        let mut cols = Vec::with_capacity(self.values().len());
+        for (col, v) in self.iter() {
+            let value = decode(col.type_oid, v).map_err(|e| DeError(format!("column {}: {e}", col.name)))?;
+            cols.push((col.name.clone(), value));
+        }
+        T::deserialize(RowDe { cols: cols.into_iter(), value: None })
+    }
+}
+
+struct RowDe {
+    cols: std::vec::IntoIter<(String, Value)>,
+    value: Option<Value>,
+}
+
+impl<'de> Deserializer<'de> for RowDe {
+    type Error = DeError;
+    fn deserialize_any<V: Visitor<'de>>(self, v: V) -> Result<V::Value, DeError> {
+        v.visit_map(self)
+    }
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+        bytes byte_buf option unit unit_struct newtype_struct seq tuple
+        tuple_struct map struct enum identifier ignored_any
+    }
+}
+
+impl<'de> MapAccess<'de> for RowDe {
+    type Error = DeError;
+    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, DeError> {
+        match self.cols.next() {
+            Some((k, v)) => {
+                self.value = Some(v);
+                seed.deserialize(k.into_deserializer()).map(Some)
+            }
+            None => Ok(None),
+        }
+    }
+    fn next_value_seed<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<S::Value, DeError> {
+        let v = self.value.take().ok_or_else(|| DeError("value without key".into()))?;
+        seed.deserialize(ValueDe(v))
+    }
+}
+
+struct ValueDe(Value);
+
+fn ts_string(t: pgwal_protocol::PgTimestamp) -> String {
+    match t.0 {
+        i64::MAX => "infinity".into(),
+        i64::MIN => "-infinity".into(),
+        _ => {
+            let d = t.to_system_time();
+            let micros = match d.duration_since(std::time::UNIX_EPOCH) {
+                Ok(x) => x.as_micros() as i64,
+                Err(e) => -(e.duration().as_micros() as i64),
+            };
+            let secs = micros.div_euclid(1_000_000);
+            let (date, sod) = civil(secs.div_euclid(86_400) - 10_957, secs.rem_euclid(86_400));
+            format!("{date}T{:02}:{:02}:{:02}.{:06}Z", sod / 3600, sod / 60 % 60, sod % 60, micros.rem_euclid(1_000_000))
+        }
+    }
+}
+
+/// `YYYY-MM-DD` for days since 2000-01-01, plus the passed-through seconds.
+fn civil(days_2000: i64, sod: i64) -> (String, i64) {
+    let z = days_2000 + 10_957 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (format!("{y:04}-{m:02}-{d:02}"), sod)
+}
+
+fn uuid_string(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
+}
+
+struct Seq(std::vec::IntoIter<Value>);
+
+impl<'de> SeqAccess<'de> for Seq {
+    type Error = DeError;
+    fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>, DeError> {
+        match self.0.next() {
+            Some(v) => seed.deserialize(ValueDe(v)).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+impl<'de> Deserializer<'de> for ValueDe {
+    type Error = DeError;
+
+    fn deserialize_any<V: Visitor<'de>>(self, v: V) -> Result<V::Value, DeError> {
+        match self.0 {
+            Value::Null => v.visit_none(),
+            Value::UnchangedToast => Err(DeError("unchanged TOAST value was not sent by the server".into())),
+            Value::Bool(b) => v.visit_bool(b),
+            Value::Int(i) => v.visit_i64(i),
+            Value::Float(f) => v.visit_f64(f),
+            Value::Numeric(s) | Value::Text(s) => v.visit_string(s),
+            Value::Bytes(b) => v.visit_byte_buf(b),
+            Value::Json(j) => j.deserialize_any(v).map_err(|e| DeError(e.to_string())),
+            Value::Uuid(u) => v.visit_string(uuid_string(&u)),
+            Value::Timestamp(t) => v.visit_string(ts_string(t)),
+            Value::Date(d) => v.visit_string(civil(d.into(), 0).0),
+            Value::Array(a) => v.visit_seq(Seq(a.into_iter())),
+        }
+    }
+
+    fn deserialize_option<V: Visitor<'de>>(self, v: V) -> Result<V::Value, DeError> {
+        match self.0 {
+            Value::Null => v.visit_none(),
+            other => v.visit_some(ValueDe(other)),
+        }
+    }
+
+    fn deserialize_f64<V: Visitor<'de>>(self, v: V) -> Result<V::Value, DeError> {
+        match self.0 {
+            Value::Numeric(s) => v.visit_f64(s.parse().map_err(|_| DeError(format!("numeric {s} is not an f64")))?),
+            other => ValueDe(other).deserialize_any(v),
+        }
+    }
+
+    fn deserialize_f32<V: Visitor<'de>>(self, v: V) -> Result<V::Value, DeError> {
+        self.deserialize_f64(v)
+    }
+
+    fn deserialize_i64<V: Visitor<'de>>(self, v: V) -> Result<V::Value, DeError> {
+        match self.0 {
+            Value::Numeric(s) => v.visit_i64(s.parse().map_err(|_| DeError(format!("numeric {s} is not an i64")))?),
+            other => ValueDe(other).deserialize_any(v),
+        }
+    }
+
+    fn deserialize_seq<V: Visitor<'de>>(self, v: V) -> Result<V::Value, DeError> {
+        match self.0 {
+            // Vec<u8> asks for a sequence.
+            Value::Bytes(b) => v.visit_seq(Seq(b.into_iter().map(|x| Value::Int(x.into())).collect::<Vec<_>>().into_iter())),
+            other => ValueDe(other).deserialize_any(v),
+        }
+    }
+
+    fn deserialize_newtype_struct<V: Visitor<'de>>(self, _name: &'static str, v: V) -> Result<V::Value, DeError> {
+        v.visit_newtype_struct(self)
+    }
+
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        name: &'static str,
+        variants: &'static [&'static str],
+        v: V,
+    ) -> Result<V::Value, DeError> {
+        match self.0 {
+            Value::Text(s) => v.visit_enum(s.into_deserializer()),
+            Value::Json(j) => j.deserialize_enum(name, variants, v).map_err(|e| DeError(e.to_string())),
+            _ => Err(DeError("enums deserialize from text".into())),
+        }
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i128 u8 u16 u32 u64 u128 char str string
+        bytes byte_buf unit unit_struct tuple
+        tuple_struct map struct identifier ignored_any
+    }
+}

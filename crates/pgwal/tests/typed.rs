@@ -1,0 +1,115 @@
+//! Typed column decoding and serde deserialization of streamed rows, in
+//! text and binary formats.
+
+mod support;
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use pgwal::types::{decode, Value};
+use pgwal::{CreateSlotOptions, Event, LogicalStream, Lsn, ReplicationClient, StreamConfig};
+use serde::Deserialize;
+use support::{block_on, config, Cluster, Options};
+
+#[derive(Debug, Deserialize, PartialEq)]
+struct AllTypes {
+    id: i32,
+    b: bool,
+    s: i16,
+    big: i64,
+    r: f32,
+    d: f64,
+    n: String,
+    n_as_f64: f64,
+    t: String,
+    vc: Option<String>,
+    nul: Option<i32>,
+    by: Vec<u8>,
+    j: serde_json::Value,
+    jb: Extra,
+    u: String,
+    ts: String,
+    tstz: String,
+    dt: String,
+    ints: Vec<Option<i32>>,
+    texts: Vec<String>,
+    grid: Vec<Vec<i64>>,
+}
+
+#[derive(Debug, Deserialize, PartialEq)]
+struct Extra {
+    k: Vec<i32>,
+    name: String,
+}
+
+const DDL: &str = "
+CREATE TABLE ty (
+  id int PRIMARY KEY, b bool, s int2, big int8, r float4, d float8, n numeric, n_as_f64 numeric,
+  t text, vc varchar(10), nul int4, by bytea, j json, jb jsonb, u uuid, ts timestamp, tstz timestamptz,
+  dt date, ints int4[], texts text[], grid int8[]);
+CREATE PUBLICATION p FOR TABLE ty;
+";
+
+const ROW: &str = "INSERT INTO ty VALUES (
+  7, true, -3, 9007199254740993, 1.5, -2.25, 12345678901234567890.000123, 0.5,
+  'hé \"q\"', 'v', NULL, '\\x00ff10', '{\"a\": [1, 2]}', '{\"k\": [3], \"name\": \"x\"}',
+  'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '2024-02-29 12:34:56.789', '2024-02-29 12:34:56.789+02',
+  '1999-12-31', '{1,NULL,3}', '{\"a b\",c}', '{{1,2},{3,4}}');";
+
+fn expected() -> AllTypes {
+    AllTypes {
+        id: 7,
+        b: true,
+        s: -3,
+        big: 9007199254740993,
+        r: 1.5,
+        d: -2.25,
+        n: "12345678901234567890.000123".into(),
+        n_as_f64: 0.5,
+        t: "hé \"q\"".into(),
+        vc: Some("v".into()),
+        nul: None,
+        by: vec![0, 255, 16],
+        j: serde_json::json!({"a": [1, 2]}),
+        jb: Extra { k: vec![3], name: "x".into() },
+        u: "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11".into(),
+        ts: "2024-02-29T12:34:56.789000Z".into(),
+        tstz: "2024-02-29T10:34:56.789000Z".into(),
+        dt: "1999-12-31".into(),
+        ints: vec![Some(1), None, Some(3)],
+        texts: vec!["a b".into(), "c".into()],
+        grid: vec![vec![1, 2], vec![3, 4]],
+    }
+}
+
+#[test]
+fn rows_deserialize_in_text_and_binary() {
+    for (label, bin) in support::servers() {
+        let c = Cluster::start(label, &bin, Options::default());
+        c.psql(DDL);
+        block_on(async {
+            let mut client = ReplicationClient::connect(&config(&c, "postgres")).await.unwrap();
+            client.create_logical_slot("st", &CreateSlotOptions::new()).await.unwrap();
+            client.create_logical_slot("sb", &CreateSlotOptions::new()).await.unwrap();
+            c.psql(ROW);
+            let end: Lsn = c.query("SELECT pg_current_wal_insert_lsn()").parse().unwrap();
+            for (slot, binary) in [("st", false), ("sb", true)] {
+                let cfg = StreamConfig::new(slot, ["p"]).binary(binary).stop_lsn(end).status_interval(Duration::from_millis(100));
+                let mut s = LogicalStream::start(config(&c, "postgres"), cfg).await.unwrap();
+                let mut got = None;
+                while let Some(e) = tokio::time::timeout(Duration::from_secs(30), s.next()).await.unwrap() {
+                    if let Event::Insert(ch) = e.unwrap() {
+                        let row = ch.new.unwrap();
+                        if binary {
+                            assert!(row.values().iter().any(|v| matches!(v, pgwal::protocol::pgoutput::ColumnValue::Binary(_))));
+                        }
+                        let n = row.iter().find(|(col, _)| col.name == "n").unwrap();
+                        assert_eq!(decode(n.0.type_oid, n.1).unwrap(), Value::Numeric("12345678901234567890.000123".into()));
+                        got = Some(row.deserialize::<AllTypes>().unwrap_or_else(|e| panic!("{label} binary={binary}: {e}")));
+                    }
+                }
+                assert_eq!(got.unwrap(), expected(), "{label} binary={binary}");
+            }
+        });
+    }
+}
