@@ -2,6 +2,7 @@
 
   pgwal-lab list                         scenarios, their defaults, profiles
   pgwal-lab run SCENARIO [options]       run a scenario, store runs, write the report
+  pgwal-lab demo                         short sync-modes + hot-counter (~3-5 min)
   pgwal-lab report RUNS.jsonl [--out D]  re-render a report from stored runs
   pgwal-lab fsync-test [--profile P]     pg_test_fsync through the shim
   pgwal-lab clean                        remove leftovers of crashed runs
@@ -116,6 +117,41 @@ def cmd_run(args) -> int:
     return 0
 
 
+DEMO = {
+    "sync-modes": {"profiles": ["lan-fast", "lan-slow-standby"], "scale": 5, "iterations": 2, "duration": 4,
+                   "warmup": 1, "settle": 1},
+    "hot-counter": {"clients": [8, 128], "fsync_ms": [1], "iterations": 2, "duration": 4, "warmup": 1,
+                    "settle": 1},
+}
+
+
+def cmd_demo(args) -> int:
+    """Short sync-modes + hot-counter (~3-5 min): prints the tables, writes the plots."""
+    from .util import REPO
+
+    if args.bin:
+        bin_dir = Path(args.bin)
+    elif os.environ.get("PGWAL_LAB_PG_BIN"):
+        bin_dir = Path(os.environ["PGWAL_LAB_PG_BIN"])
+    elif (REPO / ".build/install/bench/bin/postgres").exists():
+        bin_dir = REPO / ".build/install/bench/bin"
+    else:
+        bin_dir = default_pg_bin()
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    results = Path(args.results) if args.results else LAB_DIR / "results" / f"demo-{stamp}"
+    try:
+        for name, params in DEMO.items():
+            run_scenario(name, bin_dir, params, False, results, max_minutes=10, write_report=False)
+    except KeyboardInterrupt:
+        print("interrupted: cluster torn down", file=sys.stderr)
+        return 130
+    path = report.render(Store(results / "runs.jsonl").load(), results,
+                         title="pgwal lab demo (short runs: indicative only)")
+    print(path.read_text())
+    print(f"report and plots: {results}", file=sys.stderr)
+    return 0
+
+
 def cmd_report(args) -> int:
     recs = []
     for f in args.runs:
@@ -176,6 +212,10 @@ def main(argv=None) -> int:
     r.add_argument("--max-minutes", type=float, default=240, help="hard time limit for the scenario")
     r.add_argument("--no-print", action="store_true")
     r.set_defaults(fn=cmd_run)
+    d = sub.add_parser("demo", help="short sync-modes + hot-counter (~3-5 min) on the patched server")
+    d.add_argument("--bin", help="default: $PGWAL_LAB_PG_BIN, the 18 bench build, or the test default")
+    d.add_argument("--results")
+    d.set_defaults(fn=cmd_demo)
     rp = sub.add_parser("report", help="render a report from stored runs")
     rp.add_argument("runs", nargs="+")
     rp.add_argument("--out")

@@ -167,6 +167,16 @@ def _cpu(pids) -> float:
     return sum(c for c in (proc_cpu_seconds(p) for p in pids) if c is not None)
 
 
+def _proxy_counters(cluster) -> dict:
+    out = {}
+    for s in cluster.standbys:
+        if s.proxy:
+            c = s.proxy.counters()
+            if c:
+                out[s.name] = c
+    return out
+
+
 def walsender_wal_reads(cluster) -> tuple[float | None, float | None]:
     """(reads, read bytes) of WAL by walsenders from pg_stat_io; None before PG 18."""
     try:
@@ -191,6 +201,8 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
     cpu_ws0, cpu_wr0 = _cpu(ws), _cpu(wr)
     io0 = walsender_wal_reads(cluster)
     lsn0 = cluster.current_lsn()
+    time.sleep(0.25)  # proxy counters are refreshed every 200 ms
+    px0 = _proxy_counters(cluster)
     sampler = ReplSampler(cluster) if cluster.standbys else None
     if sampler:
         sampler.start()
@@ -201,6 +213,10 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
         lags = sampler.stop() if sampler else {}
     elapsed = time.monotonic() - t0
     lsn1 = cluster.current_lsn()
+    time.sleep(0.25)
+    px1 = _proxy_counters(cluster)
+    up = [px1[k]["up_chunks"] - px0[k]["up_chunks"] for k in px1 if k in px0]
+    down = [px1[k]["down_chunks"] - px0[k]["down_chunks"] for k in px1 if k in px0]
     cpu_ws1, cpu_wr1 = _cpu(ws), _cpu(wr)
     io1 = walsender_wal_reads(cluster)
     wal = float(p.scalar("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)", (lsn1, lsn0)))
@@ -218,6 +234,10 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
         "walsender_wal_reads": (io1[0] - io0[0]) if io0[0] is not None and io1[0] is not None else None,
         "walsender_wal_read_bytes": (io1[1] - io0[1]) if io0[1] is not None and io1[1] is not None else None,
         "replay_catchup_after_s": time.monotonic() - t1,
+        # chunks the proxy carried standby -> primary: status replies (≈ packets)
+        "reply_chunks_per_s": sum(up) / (elapsed + 0.5) if up else None,
+        "reply_chunks_per_txn": sum(up) / res["transactions"] if up and res.get("transactions") else None,
+        "wal_chunks_per_s": sum(down) / (elapsed + 0.5) if down else None,
     })
     return res
 

@@ -80,6 +80,7 @@ class Proxy:
         self.proc: subprocess.Popen | None = None
         self.pidfile = state_dir() / f"proxy-{tag}.pid"
         self.logfile: Path = state_dir() / f"proxy-{tag}.log"
+        self.statsfile: Path = state_dir() / f"proxy-{tag}.stats"
 
     @property
     def port(self) -> int:
@@ -88,7 +89,8 @@ class Proxy:
     def command(self) -> list[str]:
         cmd = [str(netdelay_binary()), "proxy", "--listen", self.listen, "--upstream", self.upstream,
                "--up-delay-ms", str(self.prof.up_ms), "--down-delay-ms", str(self.prof.down_ms),
-               "--jitter-ms", str(self.prof.jitter_ms), "--bandwidth-mbit", str(self.prof.bandwidth_mbit)]
+               "--jitter-ms", str(self.prof.jitter_ms), "--bandwidth-mbit", str(self.prof.bandwidth_mbit),
+               "--stats-file", str(self.statsfile)]
         if self.spin_us is not None:
             cmd += ["--spin-us", str(self.spin_us)]
         # SCHED_FIFO when allowed: the emulated wire should not wait for CPU
@@ -117,6 +119,16 @@ class Proxy:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
+    def counters(self) -> dict | None:
+        """Cumulative chunks/bytes per direction ("up" = standby -> upstream:
+        status replies), refreshed by the proxy every 200 ms."""
+        import json
+
+        try:
+            return json.loads(self.statsfile.read_text())
+        except (OSError, ValueError):
+            return None
+
     def lateness(self) -> list[dict]:
         """Release-lateness summaries the proxy printed (its own precision)."""
         import re
@@ -140,3 +152,4 @@ class Proxy:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)
         self.pidfile.unlink(missing_ok=True)
+        self.statsfile.unlink(missing_ok=True)

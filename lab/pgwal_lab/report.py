@@ -152,8 +152,8 @@ def render(records: list[dict], out: Path, title: str | None = None) -> Path:
             lines += [f"### {g}", "",
                       "| variant | n | TPS median | TPS mean | spread % | TPS 95% CI | lat p50 ms | lat p99 ms "
                       "| WAL B/txn | flush lag ms | replay lag ms | walsender CPU % | walreceiver CPU % "
-                      "| walsender WAL reads |",
-                      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                      "| walsender WAL reads | replies/s |",
+                      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
             for v, recs in variants.items():
                 s = stats.summary(_vals(recs, "tps"))
                 lo, hi = stats.bootstrap_median_ci(_vals(recs, "tps")) if s["n"] else (None, None)
@@ -163,7 +163,7 @@ def render(records: list[dict], out: Path, title: str | None = None) -> Path:
                     f"{_fmt(_med(recs, 'lat_p99_ms'), 2)} | {_fmt(_med(recs, 'wal_bytes_per_txn'), 0)} | "
                     f"{_fmt(_med(recs, 'flush_lag_ms_mean'), 2)} | {_fmt(_med(recs, 'replay_lag_ms_mean'), 2)} | "
                     f"{_fmt(_med(recs, 'walsender_cpu_pct'))} | {_fmt(_med(recs, 'walreceiver_cpu_pct'))} | "
-                    f"{_fmt(_med(recs, 'walsender_wal_reads'), 0)} |")
+                    f"{_fmt(_med(recs, 'walsender_wal_reads'), 0)} | {_fmt(_med(recs, 'reply_chunks_per_s'), 0)} |")
             names = list(variants)
             if len(names) > 1:
                 base = names[0]

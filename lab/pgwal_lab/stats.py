@@ -71,12 +71,17 @@ def compare(a, b, alpha: float = 0.05, name_a: str = "A", name_b: str = "B", lev
     ratio, lo, hi = bootstrap_ratio_ci(a, b, level=level)
     p = mann_whitney(a, b)
     significant = (not math.isnan(lo)) and not math.isnan(p) and (lo > 1 or hi < 1) and p < alpha
+    ci_excludes_1 = (not math.isnan(lo)) and (lo > 1 or hi < 1)
+    reachable = min(len(a), len(b)) >= 1 and 2 / math.comb(len(a) + len(b), len(a)) < alpha
     if min(len(a), len(b)) < 2:
         verdict = "insufficient runs (n < 2): not tested"
     elif significant:
         verdict = f"{name_b} {'+' if ratio > 1 else '-'}{abs(ratio - 1) * 100:.1f}% vs {name_a} (significant)"
+    elif ci_excludes_1 and not reachable:
+        verdict = (f"inconclusive: the CI excludes 1, but with {len(a)} and {len(b)} runs Mann-Whitney "
+                   f"cannot reach p < {alpha}; run more iterations")
     else:
         verdict = "no significant difference"
-        if 2 / math.comb(len(a) + len(b), len(a)) >= alpha:
+        if not reachable:
             verdict += f" (with {len(a)} and {len(b)} runs no difference could reach p < {alpha})"
     return {"ratio": ratio, "ci_low": lo, "ci_high": hi, "p": p, "significant": significant, "verdict": verdict}

@@ -26,7 +26,8 @@ def is_root() -> bool:
 
 def workdir() -> Path:
     """Runtime directory for clusters (data dirs, sockets, state files)."""
-    d = Path(os.environ.get("PGWAL_LAB_WORKDIR", "/tmp/pgwal-lab"))
+    default = "/tmp/pgwal-lab" if is_root() else f"/tmp/pgwal-lab-{os.geteuid()}"
+    d = Path(os.environ.get("PGWAL_LAB_WORKDIR", default))
     d.mkdir(parents=True, exist_ok=True)
     if is_root():
         d.chmod(0o755)

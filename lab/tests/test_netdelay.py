@@ -48,6 +48,7 @@ def measure(netdelay, echo, delay_ms):
         cpu = proc_cpu_seconds(proxy.pid) - cpu0
         time.sleep(0.2)  # the proxy reports lateness when the connection closes
         late = proxy.lateness()
+        r["counters"] = proxy.counters()
     finally:
         proxy.stop()
     r["excess_us"] = r["p50_us"] - 2 * delay_ms * 1000
@@ -68,6 +69,9 @@ def test_proxy_adds_configured_delay(netdelay, echo, delay_ms):
         r = measure(netdelay, echo, delay_ms)
         assert r["min_us"] >= 2 * delay_ms * 1000, "a packet was released early"
         assert r["lateness"], "proxy reported no release lateness"
+        # every ping is at least one chunk each way (the stats file lags <= 200 ms)
+        assert r["counters"]["up_chunks"] >= r["count"] * 0.9
+        assert r["counters"]["up_bytes"] >= r["count"] * 64 * 0.9
         if r["excess_us"] <= r["direct_p50_us"] + TOLERANCE_MS * 1000 and \
                 all(l["p50_us"] <= 100 for l in r["lateness"]):
             return

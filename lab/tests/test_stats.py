@@ -68,3 +68,11 @@ def test_bootstrap_median_ci():
     assert lo == hi == 5
     lo, hi = stats.bootstrap_median_ci(list(range(1, 101)))
     assert lo < 50.5 < hi
+
+
+def test_compare_inconclusive_with_three_runs():
+    c = stats.compare([100, 101, 102], [200, 201, 202])
+    assert not c["significant"]
+    assert c["ci_low"] > 1
+    assert c["p"] == pytest.approx(0.1)
+    assert c["verdict"].startswith("inconclusive")

@@ -6,6 +6,9 @@
 //! configured bandwidth)` and then written to the other side.  Release times
 //! never decrease within a direction, so byte order is preserved.
 //!
+//! Arrival times come from the kernel (SO_TIMESTAMPNS), so the time a
+//! thread needs to wake up and read does not add to the delay.
+//!
 //! Timing: each direction is one thread that both reads (and timestamps)
 //! chunks and releases them, so no chunk crosses a thread hand-off.  It
 //! waits in ppoll() with the thread's timer slack lowered to 1 ns until
@@ -18,6 +21,7 @@
 //!   proxy  --listen ADDR --upstream ADDR [--delay-ms F] [--up-delay-ms F]
 //!          [--down-delay-ms F] [--jitter-ms F] [--bandwidth-mbit F]
 //!          [--spin-us N] [--rt-priority N (SCHED_FIFO, default 0 = off)]
+//!          [--stats-file PATH (chunks/bytes per direction, JSON, every 200 ms)]
 //!   echo   --listen ADDR                      (test peer: echoes bytes back)
 //!   ping   --target ADDR [--count N] [--size B] [--duration-s F]
 //!          [--interval-us N]                  (ping-pong RTT, JSON summary)
@@ -32,6 +36,7 @@ use std::os::raw::{c_int, c_ulong};
 use std::process::exit;
 use std::os::unix::io::AsRawFd;
 use std::thread;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 extern "C" {
@@ -65,8 +70,51 @@ fn lower_timer_slack() {
     }
 }
 
+/// Cumulative chunks and bytes per direction, for --stats-file (a standby's
+/// "up" chunks are, near enough, its reply packets).
+struct Stats {
+    up_chunks: AtomicU64,
+    up_bytes: AtomicU64,
+    down_chunks: AtomicU64,
+    down_bytes: AtomicU64,
+}
+impl Stats {
+    fn add(&self, up: bool, n: usize) {
+        let (c, b) = if up { (&self.up_chunks, &self.up_bytes) } else { (&self.down_chunks, &self.down_bytes) };
+        c.fetch_add(1, Ordering::Relaxed);
+        b.fetch_add(n as u64, Ordering::Relaxed);
+    }
+    fn json(&self) -> String {
+        format!(
+            "{{\"up_chunks\": {}, \"up_bytes\": {}, \"down_chunks\": {}, \"down_bytes\": {}}}\n",
+            self.up_chunks.load(Ordering::Relaxed),
+            self.up_bytes.load(Ordering::Relaxed),
+            self.down_chunks.load(Ordering::Relaxed),
+            self.down_bytes.load(Ordering::Relaxed)
+        )
+    }
+}
+static STATS: Stats = Stats {
+    up_chunks: AtomicU64::new(0),
+    up_bytes: AtomicU64::new(0),
+    down_chunks: AtomicU64::new(0),
+    down_bytes: AtomicU64::new(0),
+};
+
+/// Rewrite `path` with the counters every 200 ms (write + rename: readers never see half a file).
+fn stats_writer(path: String) {
+    let tmp = format!("{}.tmp", path);
+    loop {
+        if std::fs::write(&tmp, STATS.json()).is_ok() {
+            let _ = std::fs::rename(&tmp, &path);
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+}
+
 #[derive(Clone, Debug)]
 struct DirConf {
+    dir_up: bool,
     delay: Duration,
     jitter: Duration,
     /// bytes per second, 0 = unlimited
@@ -131,6 +179,85 @@ struct Timespec {
 extern "C" {
     fn ppoll(fds: *mut PollFd, nfds: c_ulong, timeout: *const Timespec, sigmask: *const u8) -> c_int;
 }
+#[repr(C)]
+struct IoVec {
+    base: *mut u8,
+    len: usize,
+}
+#[repr(C)]
+struct MsgHdr {
+    name: *mut u8,
+    namelen: u32,
+    iov: *mut IoVec,
+    iovlen: usize,
+    control: *mut u8,
+    controllen: usize,
+    flags: c_int,
+}
+#[repr(C)]
+struct CmsgHdr {
+    len: usize,
+    level: c_int,
+    kind: c_int,
+}
+extern "C" {
+    fn recvmsg(fd: c_int, msg: *mut MsgHdr, flags: c_int) -> isize;
+    fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const u8, len: u32) -> c_int;
+}
+const SOL_SOCKET: c_int = 1;
+const SO_TIMESTAMPNS: c_int = 35;
+const MSG_DONTWAIT: c_int = 0x40;
+
+/// Ask the kernel to timestamp arriving data (CLOCK_REALTIME, ns).
+fn enable_rx_timestamps(fd: c_int) -> bool {
+    let one: c_int = 1;
+    // SAFETY: passes a pointer to a live c_int and its size.
+    unsafe { setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &one as *const c_int as *const u8, 4) == 0 }
+}
+
+/// Non-blocking read that also returns the kernel's receive timestamp, so
+/// the delay counts from when the bytes arrived, not from when this thread
+/// woke up to read them.
+fn recv_ts(fd: c_int, buf: &mut [u8]) -> std::io::Result<(usize, Option<SystemTime>)> {
+    let mut iov = IoVec { base: buf.as_mut_ptr(), len: buf.len() };
+    let mut control = [0u64; 16];
+    let mut msg = MsgHdr {
+        name: std::ptr::null_mut(),
+        namelen: 0,
+        iov: &mut iov,
+        iovlen: 1,
+        control: control.as_mut_ptr() as *mut u8,
+        controllen: std::mem::size_of_val(&control),
+        flags: 0,
+    };
+    // SAFETY: msg points at live buffers of the stated sizes.
+    let n = unsafe { recvmsg(fd, &mut msg, MSG_DONTWAIT) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut ts = None;
+    let hdr = std::mem::size_of::<CmsgHdr>();
+    let mut off = 0usize;
+    while off + hdr <= msg.controllen {
+        // SAFETY: off + hdr is within `control`; CmsgHdr has no invalid bit patterns.
+        let c = unsafe { std::ptr::read_unaligned((control.as_ptr() as *const u8).add(off) as *const CmsgHdr) };
+        if c.len < hdr || off + c.len > msg.controllen {
+            break;
+        }
+        if c.level == SOL_SOCKET && c.kind == SO_TIMESTAMPNS && c.len >= hdr + 16 {
+            // SAFETY: the payload of SCM_TIMESTAMPNS is a struct timespec (2 x i64).
+            let t = unsafe {
+                std::ptr::read_unaligned((control.as_ptr() as *const u8).add(off + hdr) as *const Timespec)
+            };
+            if t.tv_sec > 0 {
+                ts = Some(UNIX_EPOCH + Duration::new(t.tv_sec as u64, t.tv_nsec as u32));
+            }
+        }
+        off += (c.len + 7) & !7;
+    }
+    Ok((n as usize, ts))
+}
+
 const POLLIN: i16 = 0x1;
 const POLLOUT: i16 = 0x4;
 
@@ -178,6 +305,7 @@ fn pump(mut src: TcpStream, mut dst: TcpStream, conf: DirConf, spin: Duration, s
     let mut link_free = Instant::now();
     let mut eof = false;
     let fd = src.as_raw_fd();
+    let use_ts = enable_rx_timestamps(fd);
     loop {
         // release what is due
         let mut now = Instant::now();
@@ -221,10 +349,24 @@ fn pump(mut src: TcpStream, mut dst: TcpStream, conf: DirConf, spin: Duration, s
                 }
             }
         }
-        match src.read(&mut buf) {
-            Ok(0) => eof = true,
-            Ok(n) => {
-                let now = Instant::now();
+        let got = if use_ts {
+            recv_ts(fd, &mut buf)
+        } else {
+            src.read(&mut buf).map(|n| (n, None))
+        };
+        match got {
+            Ok((0, _)) => eof = true,
+            Ok((n, ts)) => {
+                let mut now = Instant::now();
+                if let Some(ts) = ts {
+                    // arrival = now - (wall clock now - kernel receive time), bounded
+                    if let Ok(age) = SystemTime::now().duration_since(ts) {
+                        if age < Duration::from_secs(1) {
+                            now -= age;
+                        }
+                    }
+                }
+                STATS.add(conf.dir_up, n);
                 // serialisation on a rate-limited link
                 let sent = if conf.bytes_per_sec > 0.0 {
                     let start = if link_free > now { link_free } else { now };
@@ -417,7 +559,7 @@ fn run_ping(target: &str, count: u64, size: usize, duration: Duration, interval:
 fn usage() -> ! {
     eprintln!(
         "usage:\n  pgwal-netdelay proxy --listen ADDR --upstream ADDR [--delay-ms F] [--up-delay-ms F] \
-         [--down-delay-ms F] [--jitter-ms F] [--bandwidth-mbit F] [--spin-us N] [--rt-priority N]\n  \
+         [--down-delay-ms F] [--jitter-ms F] [--bandwidth-mbit F] [--spin-us N] [--rt-priority N] [--stats-file PATH]\n  \
          pgwal-netdelay echo --listen ADDR\n  \
          pgwal-netdelay ping --target ADDR [--count N] [--size B] [--duration-s F] [--interval-us N]"
     );
@@ -481,10 +623,13 @@ fn main() {
             let conf = ProxyConf {
                 listen,
                 upstream,
-                up: DirConf { delay: ms(num(&m, "up-delay-ms", delay)), jitter, bytes_per_sec: bw },
-                down: DirConf { delay: ms(num(&m, "down-delay-ms", delay)), jitter, bytes_per_sec: bw },
+                up: DirConf { dir_up: true, delay: ms(num(&m, "up-delay-ms", delay)), jitter, bytes_per_sec: bw },
+                down: DirConf { dir_up: false, delay: ms(num(&m, "down-delay-ms", delay)), jitter, bytes_per_sec: bw },
                 spin: Duration::from_micros(num(&m, "spin-us", 60.0) as u64),
             };
+            if let Some(path) = m.get("stats-file").cloned() {
+                thread::spawn(move || stats_writer(path));
+            }
             run_proxy(conf);
         }
         "echo" => run_echo(&m.get("listen").cloned().unwrap_or_else(|| usage())),
@@ -504,19 +649,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn wait_until_is_precise() {
+    fn wait_until_never_early_and_mostly_on_time() {
         lower_timer_slack();
-        let mut worst = Duration::ZERO;
+        let mut late = Vec::new();
         for _ in 0..50 {
             let d = Instant::now() + Duration::from_micros(500);
             wait_until(d, Duration::from_micros(60));
-            let late = Instant::now() - d;
-            if late > worst {
-                worst = late;
-            }
+            let now = Instant::now();
+            assert!(now >= d, "woke early");
+            late.push(now - d);
         }
-        // generous: the box may be loaded; the real bound is checked in the lab tests
-        assert!(worst < Duration::from_millis(5), "worst lateness {:?}", worst);
+        late.sort();
+        // the median only: a loaded box may stall any single wait
+        assert!(late[late.len() / 2] < Duration::from_millis(1), "median lateness {:?}", late[late.len() / 2]);
+    }
+
+    #[test]
+    fn stats_count_per_direction() {
+        STATS.add(true, 10);
+        STATS.add(false, 5);
+        let j = STATS.json();
+        assert!(j.contains("\"up_chunks\": ") && j.contains("\"down_bytes\": "));
     }
 
     #[test]

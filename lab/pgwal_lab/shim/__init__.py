@@ -4,14 +4,20 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from ..util import BUILD_DIR, LabError
+import os
+
+from ..util import BUILD_DIR, LabError, workdir
 
 SOURCE = Path(__file__).resolve().parent / "pgwal_shim.c"
 
 
 def build(force: bool = False) -> Path:
     """Compile the shim with cc into lab/.build (ignored); returns the .so path."""
-    out = BUILD_DIR / "pgwal_shim.so"
+    d = BUILD_DIR
+    probe = d if d.exists() else d.parent
+    if not os.access(probe, os.W_OK):  # e.g. a non-root user on a root-owned checkout
+        d = workdir() / "build"
+    out = d / "pgwal_shim.so"
     if not force and out.exists() and out.stat().st_mtime >= SOURCE.stat().st_mtime:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
