@@ -42,6 +42,19 @@ impl FromStr for SslMode {
     }
 }
 
+/// Whether SCRAM channel binding (`SCRAM-SHA-256-PLUS`) is used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ChannelBinding {
+    /// Never.
+    Disable,
+    /// When TLS is in use and the server offers it.
+    #[default]
+    Prefer,
+    /// Always; authentication without it fails.
+    Require,
+}
+
 /// Where and how to connect.
 ///
 /// Build one by parsing a URI (`postgresql://user:pw@host:port/db?sslmode=require`)
@@ -82,6 +95,8 @@ pub struct Config {
     pub ssl_root_cert: Option<PathBuf>,
     /// Use TLS directly without the SSLRequest round trip (PostgreSQL 17+).
     pub ssl_direct: bool,
+    /// SCRAM channel binding.
+    pub channel_binding: ChannelBinding,
     /// `application_name` shown in `pg_stat_replication`.
     pub application_name: Option<String>,
     /// Connect timeout.
@@ -104,6 +119,7 @@ struct Raw {
     sslmode: Option<String>,
     sslrootcert: Option<String>,
     sslnegotiation: Option<String>,
+    channel_binding: Option<String>,
     application_name: Option<String>,
     connect_timeout: Option<String>,
     passfile: Option<String>,
@@ -120,6 +136,7 @@ impl Raw {
             "sslmode" => &mut self.sslmode,
             "sslrootcert" => &mut self.sslrootcert,
             "sslnegotiation" => &mut self.sslnegotiation,
+            "channel_binding" => &mut self.channel_binding,
             "application_name" => &mut self.application_name,
             "connect_timeout" => &mut self.connect_timeout,
             "passfile" => &mut self.passfile,
@@ -340,6 +357,17 @@ impl Config {
                 })
             }
         };
+        let channel_binding = match r.channel_binding.or_else(|| env("PGCHANNELBINDING")).as_deref() {
+            None | Some("prefer") => ChannelBinding::Prefer,
+            Some("disable") => ChannelBinding::Disable,
+            Some("require") => ChannelBinding::Require,
+            Some(other) => {
+                return Err(Error::Config {
+                    key: format!("channel_binding={other}"),
+                    reason: "expected disable, prefer or require",
+                })
+            }
+        };
         let connect_timeout = match r.connect_timeout.or_else(|| env("PGCONNECT_TIMEOUT")) {
             Some(t) => {
                 let secs: u64 = t.parse().map_err(|_| Error::Config {
@@ -359,6 +387,7 @@ impl Config {
             ssl_mode,
             ssl_root_cert: r.sslrootcert.or_else(|| env("PGSSLROOTCERT")).map(PathBuf::from),
             ssl_direct,
+            channel_binding,
             application_name: r.application_name.or_else(|| env("PGAPPNAME")),
             connect_timeout,
             passfile: r.passfile.or_else(|| env("PGPASSFILE")).map(PathBuf::from),

@@ -50,7 +50,7 @@ mod worker;
 
 pub use client::{ReplicationClient, SimpleRow};
 pub use commands::{CreateSlotOptions, IdentifySystem, SlotInfo, SlotSnapshot, TimelineHistory};
-pub use config::{Config, SslMode};
+pub use config::{ChannelBinding, Config, SslMode};
 pub use error::{DbError, Error, Result};
 pub use event::{Change, Event, Row, TruncateEvent};
 pub use logical_stream::LogicalStream;

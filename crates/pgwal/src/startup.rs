@@ -7,7 +7,7 @@ use postgres_protocol::message::backend::Message;
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use crate::config::Config;
+use crate::config::{ChannelBinding, Config};
 use crate::error::{Error, Result};
 use crate::framing::{Backend, FrameReader};
 
@@ -59,6 +59,8 @@ where
     send(w, &mut buf).await?;
 
     let password = || config.resolve_password().ok_or(Error::PasswordMissing);
+    let require_binding = config.channel_binding == ChannelBinding::Require;
+    let mut bound = false;
     loop {
         let m = match r.read_ok().await? {
             Backend::Other(m) => m,
@@ -66,6 +68,9 @@ where
             Backend::CopyBothResponse => return Err(Error::UnexpectedMessage { context: "authentication", tag: b'W' }),
         };
         match m {
+            Message::AuthenticationOk if require_binding && !bound => {
+                return Err(Error::UnsupportedAuthentication("channel_binding=require, but the server authenticated without it"))
+            }
             Message::AuthenticationOk => break,
             Message::AuthenticationCleartextPassword => {
                 frontend::password_message(password()?.as_bytes(), &mut buf)?;
@@ -84,7 +89,12 @@ where
                     plus |= m == sasl::SCRAM_SHA_256_PLUS;
                     plain |= m == sasl::SCRAM_SHA_256;
                 }
-                let (mechanism, binding) = match (&tls_end_point, plus, plain) {
+                let tls_end_point = tls_end_point.as_ref().filter(|_| config.channel_binding != ChannelBinding::Disable);
+                if require_binding && !(plus && tls_end_point.is_some()) {
+                    return Err(Error::UnsupportedAuthentication("channel_binding=require, but SCRAM-SHA-256-PLUS is not available"));
+                }
+                bound = plus && tls_end_point.is_some();
+                let (mechanism, binding) = match (tls_end_point, plus, plain) {
                     (Some(ep), true, _) => (sasl::SCRAM_SHA_256_PLUS, sasl::ChannelBinding::tls_server_end_point(ep.clone())),
                     (Some(_), false, true) => (sasl::SCRAM_SHA_256, sasl::ChannelBinding::unrequested()),
                     (None, _, true) => (sasl::SCRAM_SHA_256, sasl::ChannelBinding::unsupported()),

@@ -40,7 +40,7 @@ pub fn servers() -> Vec<(&'static str, PathBuf)> {
     v
 }
 
-fn is_root() -> bool {
+pub fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()
@@ -207,4 +207,15 @@ pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
 /// A connection config for `user` on `c` (TLS off).
 pub fn config(c: &Cluster, user: &str) -> pgwal::Config {
     format!("{} sslmode=disable application_name=pgwal_test", c.conninfo(user)).parse().unwrap()
+}
+
+/// Makes `path` (recursively) owned by the server's user when running as root.
+pub fn give_to_server_user(path: &Path) {
+    if is_root() {
+        let user = Command::new(repo_root().join("tools/as-user")).arg("--ensure").output().unwrap();
+        let user = String::from_utf8_lossy(&user.stdout).trim().to_owned();
+        let mut c = Command::new("chown");
+        c.arg("-R").arg(&user).arg(path);
+        run(c, "chown");
+    }
 }
