@@ -48,9 +48,29 @@ def cmd_list(args) -> int:
     return 0
 
 
+def tool_versions(bin_dir: Path) -> dict:
+    from . import __version__
+
+    out = {"pgwal_lab": __version__}
+    for tool in ("postgres", "pgbench"):
+        try:
+            out[tool] = run([bin_dir / tool, "--version"], timeout=30).stdout.strip()
+        except Exception as e:  # recorded, not fatal
+            out[tool] = f"unknown ({e})"
+    try:
+        from .util import netdelay_binary
+
+        out["pgwal_netdelay"] = str(netdelay_binary())
+    except Exception:
+        out["pgwal_netdelay"] = None
+    return out
+
+
 def run_scenario(name: str, bin_dir: Path, overrides: dict, smoke: bool, results: Path,
-                 max_minutes: float, quiet: bool = False, write_report: bool = True) -> tuple[list[dict], Path]:
-    """Run a scenario; returns (records, results dir)."""
+                 max_minutes: float | None = None, quiet: bool = False,
+                 write_report: bool = True) -> tuple[list[dict], Path]:
+    """Run a scenario; returns (records, results dir).  Without max_minutes
+    the time limit is 1.5 x the estimate (at least 10 minutes)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
         TimeRemainingColumn
@@ -64,25 +84,30 @@ def run_scenario(name: str, bin_dir: Path, overrides: dict, smoke: bool, results
     results.mkdir(parents=True, exist_ok=True)
     store = Store(results / "runs.jsonl")
     console = Console(stderr=True, quiet=quiet)
-    common = {"machine": machine_facts(), "bin_dir": str(bin_dir), "smoke": smoke}
+    common = {"machine": machine_facts(), "bin_dir": str(bin_dir), "smoke": smoke,
+              "versions": tool_versions(bin_dir)}
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
                         transient=False, disable=quiet)
     task = progress.add_task(name, total=None)
 
     def set_total(n, conf):
-        progress.update(task, total=n)
-        if conf is not None:
-            from .method import estimate_seconds
+        from .method import estimate_seconds
 
-            console.log(f"{n} runs, estimated {estimate_seconds(n, conf) / 60:.1f} min")
+        progress.update(task, total=n)
+        est = estimate_seconds(n, conf) if conf is not None else n * 120
+        if max_minutes is None:
+            ctx.deadline = time.monotonic() + max(est * 1.5, 600)
+        console.log(f"{n} runs, estimated {est / 60:.1f} min; time limit "
+                    f"{(ctx.deadline - time.monotonic()) / 60:.0f} min")
 
     def advance(msg):
         progress.update(task, advance=1)
         console.log(msg)
 
     ctx = scenarios.Context(bin_dir=bin_dir, store=store, run_id=run_id, common=common, progress=advance,
-                            set_total=set_total, deadline=time.monotonic() + max_minutes * 60,
+                            set_total=set_total,
+                            deadline=time.monotonic() + (max_minutes if max_minutes else 30) * 60,
                             log=console.log)
     old = signal.signal(signal.SIGTERM, _sigterm)
     try:
@@ -209,7 +234,8 @@ def main(argv=None) -> int:
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a scenario parameter (JSON or comma list), e.g. --set clients=8,64")
     r.add_argument("--results", help="results directory (default lab/results/SCENARIO-TIME)")
-    r.add_argument("--max-minutes", type=float, default=240, help="hard time limit for the scenario")
+    r.add_argument("--max-minutes", type=float,
+                   help="hard time limit for the scenario (default: 1.5 x the estimate, at least 10 min)")
     r.add_argument("--no-print", action="store_true")
     r.set_defaults(fn=cmd_run)
     d = sub.add_parser("demo", help="short sync-modes + hot-counter (~3-5 min) on the patched server")

@@ -1,5 +1,7 @@
 """The LD_PRELOAD shim adds the configured fsync latency, measured with
 pg_test_fsync (fdatasync usecs/op), only for fds whose path matches."""
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,9 +15,10 @@ TOLERANCE_US = 400  # sleep overshoot + scheduling on a loaded 2-core box
 @pytest.fixture(scope="module")
 def fsync_dir(tmp_path_factory):
     d = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path_factory.mktemp("fsync")
-    d = d / "pgwal-lab-fsync-test"
+    d = d / f"pgwal-fsync-test-{os.geteuid()}"
     d.mkdir(exist_ok=True)
-    return d
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def test_shim_builds():
