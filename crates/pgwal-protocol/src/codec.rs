@@ -5,45 +5,49 @@ use bytes::{BufMut, Bytes, BytesMut};
 use crate::{DecodeError, Lsn};
 
 /// A cursor over a message body that yields typed errors instead of panicking.
+///
+/// It keeps one `Bytes` and an offset: fixed-width reads touch no reference
+/// count; only values handed out as `Bytes` (column data) are sliced.
 #[derive(Debug)]
 pub(crate) struct Reader {
     buf: Bytes,
+    pos: usize,
 }
 
 impl Reader {
     pub(crate) fn new(buf: Bytes) -> Self {
-        Reader { buf }
+        Reader { buf, pos: 0 }
     }
 
     pub(crate) fn remaining(&self) -> usize {
-        self.buf.len()
+        self.buf.len() - self.pos
     }
 
-    fn need(&self, n: usize, field: &'static str) -> Result<(), DecodeError> {
-        if self.buf.len() < n {
-            Err(DecodeError::UnexpectedEof {
+    #[inline]
+    fn take(&mut self, n: usize, field: &'static str) -> Result<&[u8], DecodeError> {
+        let remaining = self.remaining();
+        if remaining < n {
+            return Err(DecodeError::UnexpectedEof {
                 field,
                 needed: n,
-                remaining: self.buf.len(),
-            })
-        } else {
-            Ok(())
+                remaining,
+            });
         }
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+
+    #[inline]
+    fn array<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], DecodeError> {
+        let s = self.take(N, field)?;
+        let mut a = [0u8; N];
+        a.copy_from_slice(s);
+        Ok(a)
     }
 
     pub(crate) fn u8(&mut self, field: &'static str) -> Result<u8, DecodeError> {
-        self.need(1, field)?;
-        let v = self.buf[0];
-        self.buf = self.buf.slice(1..);
-        Ok(v)
-    }
-
-    fn array<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], DecodeError> {
-        self.need(N, field)?;
-        let mut a = [0u8; N];
-        a.copy_from_slice(&self.buf[..N]);
-        self.buf = self.buf.slice(N..);
-        Ok(a)
+        Ok(self.take(1, field)?[0])
     }
 
     pub(crate) fn i16(&mut self, field: &'static str) -> Result<i16, DecodeError> {
@@ -67,34 +71,34 @@ impl Reader {
     }
 
     pub(crate) fn bytes(&mut self, n: usize, field: &'static str) -> Result<Bytes, DecodeError> {
-        self.need(n, field)?;
-        Ok(self.buf.split_to(n))
+        let start = self.pos;
+        self.take(n, field)?;
+        Ok(self.buf.slice(start..start + n))
     }
 
     pub(crate) fn rest(&mut self) -> Bytes {
-        std::mem::take(&mut self.buf)
+        let start = self.pos;
+        self.pos = self.buf.len();
+        self.buf.slice(start..)
     }
 
     pub(crate) fn cstr(&mut self, field: &'static str) -> Result<String, DecodeError> {
-        let pos = self
-            .buf
-            .iter()
-            .position(|&b| b == 0)
-            .ok_or(DecodeError::MissingNul { field })?;
-        let s = std::str::from_utf8(&self.buf[..pos])
+        let rest = &self.buf[self.pos..];
+        let end = rest.iter().position(|&b| b == 0).ok_or(DecodeError::MissingNul { field })?;
+        let s = std::str::from_utf8(&rest[..end])
             .map_err(|_| DecodeError::InvalidUtf8 { field })?
             .to_owned();
-        self.buf = self.buf.slice(pos + 1..);
+        self.pos += end + 1;
         Ok(s)
     }
 
     pub(crate) fn finish(&self, message: &'static str) -> Result<(), DecodeError> {
-        if self.buf.is_empty() {
+        if self.remaining() == 0 {
             Ok(())
         } else {
             Err(DecodeError::TrailingBytes {
                 message,
-                count: self.buf.len(),
+                count: self.remaining(),
             })
         }
     }

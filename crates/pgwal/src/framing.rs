@@ -32,7 +32,8 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
-    fn try_frame(&mut self) -> Result<Option<Backend>> {
+    /// The next message if it is already buffered (no I/O).
+    pub(crate) fn try_next(&mut self) -> Result<Option<Backend>> {
         if self.buf.len() < 5 {
             return Ok(None);
         }
@@ -66,7 +67,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// The next message. Cancel-safe.
     pub(crate) async fn read(&mut self) -> Result<Backend> {
         loop {
-            if let Some(m) = self.try_frame()? {
+            if let Some(m) = self.try_next()? {
                 return Ok(m);
             }
             if self.buf.capacity() - self.buf.len() < 8192 {

@@ -16,7 +16,7 @@ use crate::event::Event;
 use crate::progress::{AckHandle, Shared};
 use crate::relations::RelationCache;
 use crate::stream_config::StreamConfig;
-use crate::worker::{open_session, Item, Worker};
+use crate::worker::{open_session, Item, Payload, Worker};
 
 /// A logical replication stream: a [`Stream`] of [`Event`]s with explicit
 /// acknowledgements.
@@ -54,6 +54,8 @@ pub struct LogicalStream {
     shutdown: watch::Sender<bool>,
     task: Option<JoinHandle<()>>,
     ended: bool,
+    batch: std::vec::IntoIter<Event>,
+    batch_generation: u64,
 }
 
 impl std::fmt::Debug for LogicalStream {
@@ -84,7 +86,10 @@ impl LogicalStream {
                 }
             }
         };
-        let (tx, rx) = mpsc::channel(stream.buffer.max(1));
+        // Events travel in batches of up to 256; `buffer` bounds the events
+        // queued between the task and the consumer.
+        let batch = stream.buffer.clamp(1, 256);
+        let (tx, rx) = mpsc::channel((stream.buffer / batch).max(1));
         let (stop_tx, stop_rx) = watch::channel(false);
         let worker = Worker {
             config,
@@ -101,6 +106,8 @@ impl LogicalStream {
             shutdown: stop_tx,
             task: Some(task),
             ended: false,
+            batch: Vec::new().into_iter(),
+            batch_generation: 0,
         })
     }
 
@@ -143,20 +150,34 @@ impl Stream for LogicalStream {
     type Item = Result<Event>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if self.ended {
+        let this = &mut *self;
+        if this.ended {
             return Poll::Ready(None);
         }
         loop {
-            match self.rx.poll_recv(cx) {
+            let current = this.shared.generation.load(Ordering::SeqCst);
+            if this.batch_generation >= current {
+                if let Some(e) = this.batch.next() {
+                    return Poll::Ready(Some(Ok(e)));
+                }
+            }
+            match this.rx.poll_recv(cx) {
                 Poll::Ready(Some(item)) => {
                     // Events of an earlier session are redelivered by the new one.
-                    if item.generation < self.shared.generation.load(Ordering::SeqCst) {
+                    if item.generation < this.shared.generation.load(Ordering::SeqCst) {
                         continue;
                     }
-                    if item.event.is_none() {
-                        self.ended = true;
+                    match item.payload {
+                        Payload::Events(v) => {
+                            this.batch = v.into_iter();
+                            this.batch_generation = item.generation;
+                        }
+                        Payload::Error(e) => return Poll::Ready(Some(Err(e))),
+                        Payload::End => {
+                            this.ended = true;
+                            return Poll::Ready(None);
+                        }
                     }
-                    return Poll::Ready(item.event);
                 }
                 Poll::Ready(None) => return Poll::Ready(None),
                 Poll::Pending => return Poll::Pending,

@@ -29,12 +29,24 @@ use crate::relations::RelationCache;
 use crate::socket::Socket;
 use crate::stream_config::StreamConfig;
 
-/// An event tagged with the session that produced it; `None` marks the
-/// end of the stream (`stop_lsn` reached).
+/// What the connection task hands to the consumer.
+pub(crate) enum Payload {
+    /// A batch of events, in order.
+    Events(Vec<Event>),
+    /// A permanent error; the stream ends after it.
+    Error(Error),
+    /// `stop_lsn` reached.
+    End,
+}
+
+/// A payload tagged with the session that produced it.
 pub(crate) struct Item {
     pub(crate) generation: u64,
-    pub(crate) event: Option<Result<Event>>,
+    pub(crate) payload: Payload,
 }
+
+/// Most events handed over in one channel message.
+const MAX_BATCH: usize = 256;
 
 enum End {
     /// Shutdown requested or consumer gone.
@@ -129,7 +141,11 @@ impl Worker {
     }
 
     async fn emit(&mut self, generation: u64, event: Result<Event>) {
-        let _ = self.tx.send(Item { generation, event: Some(event) }).await;
+        let payload = match event {
+            Ok(e) => Payload::Events(vec![e]),
+            Err(e) => Payload::Error(e),
+        };
+        let _ = self.tx.send(Item { generation, payload }).await;
     }
 
     /// Runs sessions until shutdown, `stop_lsn`, or a permanent error.
@@ -196,7 +212,7 @@ impl Worker {
     /// sending feedback (so its last acks reach the server) until it shuts
     /// the stream down or drops it.
     async fn stop(&mut self, generation: u64, s: &mut Session, tick: &mut tokio::time::Interval) -> Result<()> {
-        let _ = self.tx.send(Item { generation, event: None }).await;
+        let _ = self.tx.send(Item { generation, payload: Payload::End }).await;
         loop {
             tokio::select! {
                 _ = self.shutdown.changed() => return Ok(()),
@@ -215,7 +231,8 @@ impl Worker {
             delivery: Delivery::default(),
         };
         let mut decoder = Decoder::new();
-        let mut pending: Option<Event> = None;
+        let batch = self.stream.buffer.clamp(1, MAX_BATCH);
+        let mut pending: Vec<Event> = Vec::with_capacity(batch);
         let mut stop_after_pending = false;
         let mut tick = tokio::time::interval(self.stream.status_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -234,45 +251,59 @@ impl Worker {
                     return Ok(End::Shutdown);
                 }
                 _ = tick.tick() => s.send_status(false).await?,
-                permit = self.tx.reserve(), if pending.is_some() => {
+                permit = self.tx.reserve(), if !pending.is_empty() => {
                     let Ok(permit) = permit else {
                         finish(&mut s, &mut reader).await;
                         return Ok(End::Shutdown);
                     };
-                    if let Some(ev) = pending.take() {
-                        permit.send(Item { generation, event: Some(Ok(ev)) });
-                    }
+                    let events = std::mem::replace(&mut pending, Vec::with_capacity(batch));
+                    permit.send(Item { generation, payload: Payload::Events(events) });
                     stop_now = stop_after_pending;
                 }
-                msg = reader.read(), if pending.is_none() => match msg? {
-                    Backend::CopyData(body) => match BackendReplicationMessage::decode(body)? {
-                        BackendReplicationMessage::XLogData(x) => {
-                            let ev = self.relations.event_from(decoder.decode(x.data)?)?;
-                            s.note(&ev);
-                            if let (Some(stop), Some(at)) = (stop, ev.ack_lsn()) {
-                                stop_after_pending |= at >= stop;
+                msg = reader.read(), if pending.is_empty() => {
+                    // Handle this message and whatever else is already
+                    // buffered, up to one batch, without awaiting the socket.
+                    let mut next = Some(msg?);
+                    while let Some(m) = next.take() {
+                        match m {
+                            Backend::CopyData(body) => match BackendReplicationMessage::decode(body)? {
+                                BackendReplicationMessage::XLogData(x) => {
+                                    let ev = self.relations.event_from(decoder.decode(x.data)?)?;
+                                    s.note(&ev);
+                                    if let (Some(stop), Some(at)) = (stop, ev.ack_lsn()) {
+                                        stop_after_pending |= at >= stop;
+                                    }
+                                    pending.push(ev);
+                                }
+                                BackendReplicationMessage::PrimaryKeepalive(k) => {
+                                    s.delivery.keepalive_end = s.delivery.keepalive_end.max(k.wal_end);
+                                    if k.reply_requested || s.wants_status() {
+                                        s.send_status(false).await?;
+                                    }
+                                    let d = &s.delivery;
+                                    if stop.is_some_and(|stop| k.wal_end >= stop && !d.in_txn && d.open_streams.is_empty()) {
+                                        if pending.is_empty() {
+                                            stop_now = true;
+                                        } else {
+                                            stop_after_pending = true;
+                                        }
+                                    }
+                                }
+                                _ => {}
+                            },
+                            Backend::Other(Message::ErrorResponse(b)) => return Err(Error::Db(db_error(b.fields())?)),
+                            Backend::Other(Message::NoticeResponse(_)) | Backend::Other(Message::ParameterStatus(_)) => {}
+                            Backend::Other(Message::CopyDone) => return Err(Error::Closed),
+                            Backend::Other(_) | Backend::CopyBothResponse => {
+                                return Err(Error::UnexpectedMessage { context: "replication stream", tag: b'?' })
                             }
-                            pending = Some(ev);
                         }
-                        BackendReplicationMessage::PrimaryKeepalive(k) => {
-                            s.delivery.keepalive_end = s.delivery.keepalive_end.max(k.wal_end);
-                            if k.reply_requested || s.wants_status() {
-                                s.send_status(false).await?;
-                            }
-                            let d = &s.delivery;
-                            if stop.is_some_and(|stop| k.wal_end >= stop && !d.in_txn && d.open_streams.is_empty()) {
-                                stop_now = true;
-                            }
+                        if stop_now || stop_after_pending || pending.len() >= batch {
+                            break;
                         }
-                        _ => {}
-                    },
-                    Backend::Other(Message::ErrorResponse(b)) => return Err(Error::Db(db_error(b.fields())?)),
-                    Backend::Other(Message::NoticeResponse(_)) | Backend::Other(Message::ParameterStatus(_)) => {}
-                    Backend::Other(Message::CopyDone) => return Err(Error::Closed),
-                    Backend::Other(_) | Backend::CopyBothResponse => {
-                        return Err(Error::UnexpectedMessage { context: "replication stream", tag: b'?' })
+                        next = reader.try_next()?;
                     }
-                },
+                }
             }
         }
     }

@@ -48,7 +48,8 @@ impl Decoder {
     /// Column values and message contents are slices of `data`, not copies.
     pub fn decode(&mut self, data: Bytes) -> Result<LogicalMessage, DecodeError> {
         let tag = *data.first().ok_or(DecodeError::Empty)?;
-        let mut r = Reader::new(data.slice(1..));
+        let mut r = Reader::new(data);
+        r.u8("tag")?;
         let s = self.in_stream;
         let (msg, name) = match tag {
             b'B' => (LogicalMessage::Begin(Begin::decode(&mut r)?), "Begin"),
