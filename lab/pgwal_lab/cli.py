@@ -5,7 +5,8 @@
   pgwal-lab demo                         short sync-modes + hot-counter (~3-5 min)
   pgwal-lab report RUNS.jsonl [--out D]  re-render a report from stored runs
   pgwal-lab fsync-test [--profile P]     pg_test_fsync through the shim
-  pgwal-lab clean                        remove leftovers of crashed runs
+  pgwal-lab up [--standbys N ...]        bring a topology up and hold it
+  pgwal-lab clean [--force]              remove leftovers of crashed runs
 """
 from __future__ import annotations
 
@@ -207,8 +208,35 @@ def cmd_fsync_test(args) -> int:
     return 0
 
 
+def cmd_up(args) -> int:
+    """Bring a topology up, print how to reach it, hold it for --hold seconds (or until Ctrl-C)."""
+    from . import topology
+
+    bin_dir = Path(args.bin) if args.bin else default_pg_bin()
+    standbys = [topology.StandbySpec(f"s{i}", sync=i <= args.sync, disk=args.standby_disk, net=args.net)
+                for i in range(1, args.standbys + 1)]
+    if args.cascade:
+        standbys.append(topology.StandbySpec(f"c{len(standbys) + 1}", sync=False, upstream="s1",
+                                             disk=args.standby_disk, net=args.net))
+    spec = topology.ClusterSpec(bin_dir=bin_dir, standbys=standbys, primary_disk=args.primary_disk,
+                                sync_method=args.sync_method, num_sync=max(1, args.sync))
+    old = signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        with topology.Cluster(spec) as c:
+            for n in c.nodes.values():
+                print(f"{n.name}: psql '{n.conninfo()}'  (netns {n.netns or '-'}, disk {n.disk_profile.name}"
+                      + (f", link {n.net_profile.name}" if n.upstream else "") + ")")
+            print(f"holding for {args.hold:g} s (Ctrl-C to stop)", flush=True)
+            time.sleep(args.hold)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    return 0
+
+
 def cmd_clean(args) -> int:
-    done = cleanup.clean()
+    done = cleanup.clean(force=args.force)
     if not done:
         print("nothing to clean")
     return 0
@@ -253,7 +281,20 @@ def main(argv=None) -> int:
     f.add_argument("--dir", default="/dev/shm/pgwal-fsync-test")
     f.add_argument("-v", "--verbose", action="store_true")
     f.set_defaults(fn=cmd_fsync_test)
-    sub.add_parser("clean", help="remove leftovers of crashed runs").set_defaults(fn=cmd_clean)
+    u = sub.add_parser("up", help="bring a topology up and hold it (for manual experiments)")
+    u.add_argument("--bin")
+    u.add_argument("--standbys", type=int, default=1)
+    u.add_argument("--sync", type=int, default=1, help="how many of the standbys are synchronous")
+    u.add_argument("--sync-method", default="FIRST", choices=["FIRST", "ANY"])
+    u.add_argument("--cascade", action="store_true", help="add an async standby cascading from s1")
+    u.add_argument("--net", default="none")
+    u.add_argument("--primary-disk", default="tmpfs")
+    u.add_argument("--standby-disk", default="tmpfs")
+    u.add_argument("--hold", type=float, default=600)
+    u.set_defaults(fn=cmd_up)
+    c = sub.add_parser("clean", help="remove leftovers of crashed runs")
+    c.add_argument("--force", action="store_true", help="also clusters whose owning process is still alive")
+    c.set_defaults(fn=cmd_clean)
     sub.add_parser("build-shim", help="compile the LD_PRELOAD shim").set_defaults(fn=cmd_build)
     args = ap.parse_args(argv)
     try:

@@ -163,8 +163,18 @@ def _walreceiver_pids(cluster) -> list[int]:
     return pids
 
 
-def _cpu(pids) -> float:
-    return sum(c for c in (proc_cpu_seconds(p) for p in pids) if c is not None)
+def _cpu(pids) -> dict:
+    return {p: proc_cpu_seconds(p) for p in pids}
+
+
+def _cpu_delta(before: dict, after_pids: list[int], after: dict) -> float | None:
+    """CPU seconds used by the same processes; None when one exited or was
+    replaced during the run (a reconnect would make the delta meaningless)."""
+    if not before or sorted(before) != sorted(after_pids):
+        return None
+    if any(before[p] is None or after.get(p) is None for p in before):
+        return None
+    return sum(after[p] - before[p] for p in before)
 
 
 def _proxy_counters(cluster) -> dict:
@@ -218,6 +228,9 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
     up = [px1[k]["up_chunks"] - px0[k]["up_chunks"] for k in px1 if k in px0]
     down = [px1[k]["down_chunks"] - px0[k]["down_chunks"] for k in px1 if k in px0]
     cpu_ws1, cpu_wr1 = _cpu(ws), _cpu(wr)
+    ws1, wr1 = _walsender_pids(cluster), _walreceiver_pids(cluster)
+    d_ws = _cpu_delta(cpu_ws0, ws1, cpu_ws1)
+    d_wr = _cpu_delta(cpu_wr0, wr1, cpu_wr1)
     io1 = walsender_wal_reads(cluster)
     wal = float(p.scalar("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)", (lsn1, lsn0)))
     t1 = time.monotonic()
@@ -227,10 +240,12 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
         "elapsed_s": elapsed,
         "wal_bytes": wal,
         "wal_bytes_per_txn": wal / res["transactions"] if res.get("transactions") else None,
-        "walsender_cpu_s": cpu_ws1 - cpu_ws0 if ws else None,
-        "walreceiver_cpu_s": cpu_wr1 - cpu_wr0 if wr else None,
-        "walsender_cpu_pct": (cpu_ws1 - cpu_ws0) / elapsed * 100 if ws else None,
-        "walreceiver_cpu_pct": (cpu_wr1 - cpu_wr0) / elapsed * 100 if wr else None,
+        "walsender_cpu_s": d_ws,
+        "walreceiver_cpu_s": d_wr,
+        "walsender_cpu_pct": d_ws / elapsed * 100 if d_ws is not None else None,
+        "walreceiver_cpu_pct": d_wr / elapsed * 100 if d_wr is not None else None,
+        # replication processes replaced during the run (reconnects): should be 0
+        "repl_process_changes": len(set(ws) ^ set(ws1)) + len(set(wr) ^ set(wr1)),
         "walsender_wal_reads": (io1[0] - io0[0]) if io0[0] is not None and io1[0] is not None else None,
         "walsender_wal_read_bytes": (io1[1] - io0[1]) if io0[1] is not None and io1[1] is not None else None,
         "replay_catchup_after_s": time.monotonic() - t1,

@@ -95,6 +95,44 @@ def tps_plot(scenario: str, groups: dict, out: Path) -> Path:
     return path
 
 
+def hot_counter_plot(groups: dict, out: Path) -> Path:
+    """TPS (median, 95% CI) against clients, one panel per fsync latency, one line per level."""
+    series: dict = {}
+    for variants in groups.values():
+        for v, recs in variants.items():
+            meta = recs[0]["variant_config"].get("meta", {})
+            series.setdefault(meta.get("fsync_ms"), {}).setdefault(v, []).append((meta.get("clients"), recs))
+    fig, axes = plt.subplots(1, len(series), figsize=(4.2 * len(series) + 0.5, 3.4), squeeze=False)
+    for ax, (fs, levels) in zip(axes[0], sorted(series.items(), key=lambda kv: kv[0] or 0)):
+        for level, pts in levels.items():
+            pts.sort(key=lambda p: p[0])
+            xs, ys, lo, hi = [], [], [], []
+            for c, recs in pts:
+                t = _vals(recs, "tps")
+                if not t:
+                    continue
+                m = float(np.median(t))
+                l, h = stats.bootstrap_median_ci(t)
+                xs.append(c)
+                ys.append(m)
+                lo.append(max(0.0, m - l))
+                hi.append(max(0.0, h - m))
+            ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=level)
+        ax.set_xscale("log", base=2)
+        ticks = sorted({c for pts in levels.values() for c, _ in pts if c})
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.minorticks_off()
+        ax.set_xlabel("clients")
+        ax.set_ylabel("TPS (median, 95% CI)")
+        ax.set_title(f"primary WAL fsync +{fs:g} ms", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "hot-counter-clients.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
 def wal_plot(variants: dict, out: Path) -> Path:
     names = list(variants)
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.2))
@@ -149,7 +187,12 @@ def render(records: list[dict], out: Path, title: str | None = None) -> Path:
                 lines += wal_section(variants, out)
             continue
         for g, variants in groups.items():
+            first = next(iter(variants.values()))[0]
+            vc = first.get("variant_config", {})
             lines += [f"### {g}", "",
+                      f"Environment: {vc.get('env') or 'default'}; workload {vc.get('workload', {}).get('name')}, "
+                      f"{vc.get('clients')} clients; runs interleaved, {first.get('method', {}).get('duration')} s "
+                      f"each.", "",
                       "| variant | n | TPS median | TPS mean | spread % | TPS 95% CI | lat p50 ms | lat p99 ms "
                       "| WAL B/txn | flush lag ms | replay lag ms | walsender CPU % | walreceiver CPU % "
                       "| walsender WAL reads | replies/s |",
@@ -164,18 +207,26 @@ def render(records: list[dict], out: Path, title: str | None = None) -> Path:
                     f"{_fmt(_med(recs, 'flush_lag_ms_mean'), 2)} | {_fmt(_med(recs, 'replay_lag_ms_mean'), 2)} | "
                     f"{_fmt(_med(recs, 'walsender_cpu_pct'))} | {_fmt(_med(recs, 'walreceiver_cpu_pct'))} | "
                     f"{_fmt(_med(recs, 'walsender_wal_reads'), 0)} | {_fmt(_med(recs, 'reply_chunks_per_s'), 0)} |")
+            changed = sum(1 for recs in variants.values() for r in recs if r["metrics"].get("repl_process_changes"))
+            if changed:
+                lines += ["", f"Note: in {changed} run(s) a walsender or walreceiver was replaced during the run "
+                              "(reconnect); their CPU figures are left out."]
             names = list(variants)
             if len(names) > 1:
-                base = names[0]
-                lines += ["", f"Compared with `{base}` (ratio of median TPS, bootstrap 95% CI, Mann-Whitney U):", "",
-                          "| variant | ratio | 95% CI | p | verdict |", "|---|---|---|---|---|"]
-                a = _vals(variants[base], "tps")
-                for v in names[1:]:
-                    c = stats.compare(a, _vals(variants[v], "tps"), name_a=base, name_b=v)
-                    lines.append(f"| {v} | {_fmt(c['ratio'], 3)} | {_fmt(c['ci_low'], 3)}–{_fmt(c['ci_high'], 3)} "
-                                 f"| {_fmt(c['p'], 3)} | {c['verdict']} |")
+                lines += ["", "Ratios of median TPS with bootstrap 95% CI and Mann-Whitney U, against the "
+                          f"group's first variant (`{names[0]}`) and against the previous variant:", "",
+                          "| variant | vs | ratio | 95% CI | p | verdict |", "|---|---|---|---|---|---|"]
+                pairs = [(names[0], v) for v in names[1:]]
+                pairs += [(names[i - 1], names[i]) for i in range(2, len(names))]
+                for base, v in pairs:
+                    c = stats.compare(_vals(variants[base], "tps"), _vals(variants[v], "tps"), name_a=base, name_b=v)
+                    lines.append(f"| {v} | {base} | {_fmt(c['ratio'], 3)} | {_fmt(c['ci_low'], 3)}–"
+                                 f"{_fmt(c['ci_high'], 3)} | {_fmt(c['p'], 3)} | {c['verdict']} |")
             lines.append("")
-        lines += [f"![{scenario}]({tps_plot(scenario, groups, out).name})", ""]
+        if scenario == "hot-counter":
+            lines += [f"![hot-counter by clients]({hot_counter_plot(groups, out).name})", ""]
+        if len(groups) <= 8:
+            lines += [f"![{scenario}]({tps_plot(scenario, groups, out).name})", ""]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path

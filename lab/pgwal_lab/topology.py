@@ -210,8 +210,11 @@ class Node:
                                      tag=f"{self.cluster.id}-{self.name}").start()
             self.cluster.save_state()
         self.write_node_conf()
-        self.run_pg([self.bin("pg_ctl"), "-D", self.datadir, "-l", self.logfile, "-w", "-t", int(timeout),
-                     "start"], timeout=timeout + 10)
+        try:
+            self.run_pg([self.bin("pg_ctl"), "-D", self.datadir, "-l", self.logfile, "-w", "-t", int(timeout),
+                         "start"], timeout=timeout + 10)
+        except LabError as e:
+            raise LabError(f"{self.name} did not start: {e}\nserver log:\n{self.log_tail()}") from None
         self.running = True
 
     def stop(self, mode: str = "fast", timeout: float = 60) -> None:

@@ -34,3 +34,36 @@ def test_shim_adds_fsync_latency(pg_bin, fsync_dir):
     assert base is not None and slow is not None and other is not None
     assert 1000 + base * 0.5 <= slow <= 1000 + base + TOLERANCE_US
     assert other < base + TOLERANCE_US
+
+
+PWRITE_PROBE = """
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600)
+buf = b"x" * int(sys.argv[2])
+t = time.perf_counter()
+for _ in range(20):
+    os.pwrite(fd, buf, 0)
+print((time.perf_counter() - t) / 20 * 1e6)
+"""
+
+
+def _pwrite_us(fsync_dir, profile: str, size: int) -> float:
+    import subprocess
+    import sys
+
+    from pgwal_lab import disk
+
+    env = dict(os.environ, **disk.profile(profile).env())
+    out = subprocess.run([sys.executable, "-c", PWRITE_PROBE, str(fsync_dir / "pwrite_probe"), str(size)],
+                         env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+    return float(out)
+
+
+def test_shim_adds_pwrite_latency(fsync_dir):
+    base = _pwrite_us(fsync_dir, "tmpfs", 8192)
+    fixed = _pwrite_us(fsync_dir, "pwrite=2000", 8192)
+    per_mb = _pwrite_us(fsync_dir, "permb=4000", 1 << 20)
+    print(f"\npwrite 8 KiB: base {base:.0f} us, +2000 us configured {fixed:.0f} us; "
+          f"1 MiB with 4000 us/MiB {per_mb:.0f} us")
+    assert 2000 <= fixed <= 2000 + base + TOLERANCE_US
+    assert per_mb >= 4000
