@@ -1,6 +1,6 @@
 //! `pgwal stream`.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
@@ -26,6 +26,12 @@ pub(crate) struct StreamArgs {
     /// Create the slot first (no error if it exists).
     #[arg(long)]
     create_slot: bool,
+    /// Create the slot with an exported snapshot and print a consistent copy
+    /// of the published tables first ("snapshot" lines, then
+    /// "snapshot_end"); streaming continues exactly where the copy ends.
+    /// The slot must not exist yet.
+    #[arg(long, conflicts_with_all = ["create_slot", "start_lsn"])]
+    snapshot: bool,
     /// Start here, unless the slot has confirmed a later position.
     #[arg(long, value_parser = parse_lsn)]
     start_lsn: Option<Lsn>,
@@ -62,6 +68,28 @@ pub(crate) async fn run(config: Config, a: StreamArgs) -> Result<()> {
             Err(e) if e.code() == Some("42710") => {}
             Err(e) => return Err(e),
         }
+    }
+    if a.snapshot {
+        // Nothing else runs yet, so plain blocking writes to stdout are fine here.
+        let stdout = std::io::stdout();
+        let mut w = std::io::BufWriter::new(stdout.lock());
+        let pubs: Vec<&str> = a.publications.iter().map(String::as_str).collect();
+        let copy = pgwal::snapshot::initial_copy(&config, &a.slot, &pubs, a.two_phase, |row| {
+            let mut obj = serde_json::Map::new();
+            for (c, v) in row.columns.iter().zip(row.values) {
+                obj.insert(c.clone(), v.map_or(serde_json::Value::Null, serde_json::Value::String));
+            }
+            let line = serde_json::json!({"type": "snapshot", "schema": row.schema, "table": row.table, "row": obj});
+            writeln!(w, "{line}").map_err(Error::Io)
+        })
+        .await?;
+        writeln!(
+            w,
+            "{}",
+            serde_json::json!({"type": "snapshot_end", "consistent_point": copy.consistent_point.to_string(), "rows": copy.rows, "tables": copy.tables})
+        )
+        .map_err(Error::Io)?;
+        w.flush().map_err(Error::Io)?;
     }
     let mut cfg = StreamConfig::new(a.slot, a.publications)
         .streaming(match a.streaming {

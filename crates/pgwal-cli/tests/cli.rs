@@ -69,11 +69,23 @@ fn slot_commands_and_stream() {
         let (ok, _, err) = pgwal(&c, &["stream", "-S", "s2", "-P", "p", "--create-slot", "--stop-lsn", &stop]);
         assert!(ok, "{label}: {err}");
 
+        // --snapshot: the table as of the slot's snapshot, then the stream.
+        c.psql("INSERT INTO t VALUES (3, 'c');");
+        let stop = c.query("SELECT pg_current_wal_insert_lsn()");
+        let (ok, out, err) = pgwal(&c, &["stream", "-S", "s3", "-P", "p", "--snapshot", "--stop-lsn", &stop]);
+        assert!(ok, "{label}: {err}");
+        let ev = lines(&out);
+        let types: Vec<&str> = ev.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(types, ["snapshot", "snapshot", "snapshot_end"], "{label}: {out}");
+        assert_eq!(ev[0]["row"]["id"], "1");
+        assert_eq!(ev[0]["row"]["v"], "b");
+        assert_eq!(ev[2]["rows"], 2);
+
         let (ok, out, _) = pgwal(&c, &["slot", "list"]);
         assert!(ok);
         let names: Vec<String> = lines(&out).iter().map(|s| s["slot_name"].as_str().unwrap().to_owned()).collect();
-        assert_eq!(names, ["s1", "s2"], "{label}");
-        for s in ["s1", "s2"] {
+        assert_eq!(names, ["s1", "s2", "s3"], "{label}");
+        for s in ["s1", "s2", "s3"] {
             let (ok, _, err) = pgwal(&c, &["slot", "drop", s]);
             assert!(ok, "{label}: {err}");
         }
@@ -91,7 +103,7 @@ fn help_is_complete() {
     }
     let out = Command::new(env!("CARGO_BIN_EXE_pgwal")).args(["stream", "--help"]).output().unwrap();
     let help = String::from_utf8(out.stdout).unwrap();
-    for w in ["--slot", "--publication", "--start-lsn", "--stop-lsn", "--create-slot", "--streaming"] {
+    for w in ["--slot", "--publication", "--start-lsn", "--stop-lsn", "--create-slot", "--snapshot", "--streaming"] {
         assert!(help.contains(w), "{w} missing from stream --help");
     }
 }

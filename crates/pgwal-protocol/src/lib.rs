@@ -36,6 +36,8 @@
 
 mod codec;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod lsn;
 pub mod pgoutput;
 pub mod replication;

@@ -167,6 +167,39 @@ impl ReplicationClient {
         }
     }
 
+    /// Runs a `COPY ... TO STDOUT` statement, handing each CopyData chunk to `f`.
+    pub async fn copy_out(&mut self, sql: &str, mut f: impl FnMut(&[u8]) -> Result<()>) -> Result<u64> {
+        self.send_query(sql).await?;
+        let mut error = None;
+        let mut rows = 0;
+        loop {
+            match self.reader.read().await? {
+                Backend::CopyData(d) => {
+                    if error.is_none() {
+                        if let Err(e) = f(&d) {
+                            error = Some(e);
+                        }
+                    }
+                }
+                Backend::Other(Message::CommandComplete(c)) => {
+                    rows = c.tag()?.rsplit(' ').next().and_then(|n| n.parse().ok()).unwrap_or(0);
+                }
+                Backend::Other(Message::ErrorResponse(b)) => {
+                    error = Some(Error::Db(crate::framing::db_error(b.fields())?));
+                }
+                Backend::Other(Message::ReadyForQuery(_)) => break,
+                Backend::Other(_) => {}
+                Backend::CopyBothResponse => {
+                    return Err(Error::UnexpectedMessage { context: "COPY", tag: b'W' })
+                }
+            }
+        }
+        match error {
+            Some(e) => Err(e),
+            None => Ok(rows),
+        }
+    }
+
     /// `IDENTIFY_SYSTEM`.
     pub async fn identify_system(&mut self) -> Result<IdentifySystem> {
         let rows = self.simple_query("IDENTIFY_SYSTEM").await?;

@@ -22,6 +22,8 @@ pub(crate) enum Backend {
 pub(crate) struct FrameReader<R> {
     io: R,
     buf: BytesMut,
+    last_read_len: usize,
+    last_read_at: Option<std::time::Instant>,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
@@ -29,6 +31,8 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         FrameReader {
             io,
             buf: BytesMut::with_capacity(64 * 1024),
+            last_read_len: 0,
+            last_read_at: None,
         }
     }
 
@@ -64,6 +68,15 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }))
     }
 
+    /// Whether the reader is in a stream of small reads (the last one was
+    /// under 32 KiB and less than 2 ms ago) with nothing buffered: waiting a
+    /// moment lets data accumulate, saving wake-ups on both ends.
+    pub(crate) fn should_coalesce(&self) -> bool {
+        self.buf.is_empty()
+            && self.last_read_len < 32 * 1024
+            && self.last_read_at.is_some_and(|t| t.elapsed() < std::time::Duration::from_millis(2))
+    }
+
     /// The next message. Cancel-safe.
     pub(crate) async fn read(&mut self) -> Result<Backend> {
         loop {
@@ -74,6 +87,8 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 self.buf.reserve(64 * 1024);
             }
             let n = self.io.read_buf(&mut self.buf).await?;
+            self.last_read_len = n;
+            self.last_read_at = Some(std::time::Instant::now());
             if n == 0 {
                 return Err(Error::Io(std::io::Error::new(
                     std::io::ErrorKind::UnexpectedEof,

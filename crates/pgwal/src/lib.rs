@@ -41,6 +41,7 @@ mod pgpass;
 mod progress;
 mod relations;
 mod retry;
+pub mod snapshot;
 mod socket;
 mod startup;
 mod stream_config;

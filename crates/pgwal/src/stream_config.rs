@@ -62,6 +62,11 @@ pub struct StreamConfig {
     pub buffer: usize,
     /// Reconnect policy.
     pub retry: RetryConfig,
+    /// While data arrives in a stream of small reads, wait this long before
+    /// reading again so more accumulates: fewer wake-ups of the client and
+    /// of the walsender, at the cost of up to this much latency under load.
+    /// `None` reads as soon as data arrives.
+    pub read_coalesce: Option<Duration>,
 }
 
 impl StreamConfig {
@@ -85,6 +90,7 @@ impl StreamConfig {
             status_interval: Duration::from_secs(10),
             buffer: 1024,
             retry: RetryConfig::default(),
+            read_coalesce: Some(Duration::from_millis(1)),
         }
     }
     /// Sets `proto_version`.
@@ -135,6 +141,11 @@ impl StreamConfig {
     /// Sets `buffer` (at least 1).
     pub fn buffer(mut self, v: usize) -> Self {
         self.buffer = v.max(1);
+        self
+    }
+    /// Sets `read_coalesce`.
+    pub fn read_coalesce(mut self, v: Option<Duration>) -> Self {
+        self.read_coalesce = v;
         self
     }
     /// Sets `retry`.

@@ -237,6 +237,7 @@ impl Worker {
         let mut tick = tokio::time::interval(self.stream.status_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let stop = self.stream.stop_lsn;
+        let coalesce = self.stream.read_coalesce;
         let mut stop_now = false;
         loop {
             if stop_now {
@@ -260,7 +261,12 @@ impl Worker {
                     permit.send(Item { generation, payload: Payload::Events(events) });
                     stop_now = stop_after_pending;
                 }
-                msg = reader.read(), if pending.is_empty() => {
+                msg = async {
+                    if let Some(d) = coalesce.filter(|_| reader.should_coalesce()) {
+                        tokio::time::sleep(d).await;
+                    }
+                    reader.read().await
+                }, if pending.is_empty() => {
                     // Handle this message and whatever else is already
                     // buffered, up to one batch, without awaiting the socket.
                     let mut next = Some(msg?);

@@ -98,8 +98,22 @@ struct Seen {
 
 fn check_stream(label: &str, msgs: &[Bytes], seen: &mut Seen) {
     assert!(!msgs.is_empty(), "{label}: no output");
+    // PGWAL_DUMP_CORPUS=dir writes the first message of each kind (with the
+    // streaming flag as a leading byte) as a fuzzing seed.
+    let dump = std::env::var_os("PGWAL_DUMP_CORPUS").map(std::path::PathBuf::from);
+    let mut dumped = BTreeSet::new();
     let mut d = Decoder::new();
     for raw in msgs {
+        if let Some(dir) = &dump {
+            let key = (raw[0], d.in_stream());
+            if dumped.insert(key) {
+                let mut seed = vec![d.in_stream() as u8];
+                seed.extend_from_slice(raw);
+                let name = format!("{}-{}-{:02x}{}", label.replace('/', "-"), raw[0] as char, raw[0], if key.1 { "-streamed" } else { "" });
+                std::fs::create_dir_all(dir).unwrap();
+                std::fs::write(dir.join(name), seed).unwrap();
+            }
+        }
         let m = d.decode(raw.clone()).unwrap_or_else(|e| panic!("{label}: {e} decoding {raw:02x?}"));
         assert_eq!(&m.to_bytes()[..], &raw[..], "{label}: re-encoding differs for {m:?}");
         seen.tags.insert(m.tag());
