@@ -48,7 +48,12 @@ def measure(netdelay, echo, delay_ms):
         cpu = proc_cpu_seconds(proxy.pid) - cpu0
         time.sleep(0.2)  # the proxy reports lateness when the connection closes
         late = proxy.lateness()
-        r["counters"] = proxy.counters()
+        deadline = time.monotonic() + 5  # the counter file is rewritten every 200 ms
+        while True:
+            r["counters"] = proxy.counters()
+            if (r["counters"] and r["counters"]["up_chunks"] >= r["count"]) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
     finally:
         proxy.stop()
     r["excess_us"] = r["p50_us"] - 2 * delay_ms * 1000
