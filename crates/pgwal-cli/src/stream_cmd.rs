@@ -137,7 +137,8 @@ pub(crate) async fn run(config: Config, a: StreamArgs) -> Result<()> {
         }
         if progress && last_report.elapsed() >= Duration::from_secs(1) {
             let rate = (events - last_events) as f64 / last_report.elapsed().as_secs_f64();
-            eprint!("\r{events} events, {rate:.0}/s, acked {}   ", stream.acked());
+            let lag = stream.server_wal_end() - stream.acked();
+            eprint!("\r{events} events, {rate:.0}/s, acked {}, lag {} kB   ", stream.acked(), lag / 1024);
             last_events = events;
             last_report = Instant::now();
         }

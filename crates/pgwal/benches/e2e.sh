@@ -5,7 +5,7 @@
 # own slot created before the load. Reports wall time, inserts/s, client
 # CPU per insert (user+sys), client max RSS and walsender CPU per insert.
 #
-# pgwal_v1_eager disables read coalescing (reads as soon as data arrives).
+# pgwal_v1_coalesce turns on StreamConfig::read_coalesce (1 ms).
 # Each consumer runs ROUNDS times (default 3), interleaved; medians are printed.
 #
 # usage: crates/pgwal/benches/e2e.sh [TXNS] [ROWS_PER_TXN]   (default 50 x 8000)
@@ -45,7 +45,7 @@ psql() { "$bin/psql" -X -q -At -h 127.0.0.1 -p "$port" -U postgres -d postgres "
 conn="host=127.0.0.1 port=$port user=postgres dbname=postgres sslmode=disable"
 
 psql -c "CREATE TABLE bench (id bigint, pad text)" -c "CREATE PUBLICATION p FOR TABLE bench"
-consumers=(pgwal_v1 pgwal_v1_eager pgwal_v4 pgwal_cli pg_recvlogical)
+consumers=(pgwal_v1 pgwal_v1_coalesce pgwal_v4 pgwal_cli pg_recvlogical)
 rounds=${ROUNDS:-3}
 for r in $(seq 1 "$rounds"); do
 	for c in "${consumers[@]}"; do psql -c "SELECT pg_create_logical_replication_slot('s_${c}_$r', 'pgoutput')" >/dev/null; done
@@ -64,13 +64,13 @@ for c in "${consumers[@]}"; do
 	slot=s_${c}_$r
 	case $c in
 	pgwal_v1) cmd=("$drain" "$conn" "$slot" p "$stop" 1) ;;
-	pgwal_v1_eager) cmd=(env COALESCE_US=0 "$drain" "$conn" "$slot" p "$stop" 1) ;;
+	pgwal_v1_coalesce) cmd=(env COALESCE_US=1000 "$drain" "$conn" "$slot" p "$stop" 1) ;;
 	pgwal_v4) cmd=("$drain" "$conn" "$slot" p "$stop" 4 parallel) ;;
 	pgwal_cli) cmd=("$cli" -d "$conn" stream -S "$slot" -P p --proto-version 1 --stop-lsn "$stop") ;;
 	pg_recvlogical) cmd=("$bin/pg_recvlogical" -d "$conn" -S "$slot" --start -P pgoutput -o proto_version=1 -o publication_names=p -E "$stop" -f /dev/null) ;;
 	esac
 	start=$(date +%s.%N)
-	/usr/bin/time -f '%U %S %M' -o "$dir/time" "${cmd[@]}" >/dev/null 2>"$dir/err" &
+	/usr/bin/time -f '%U %S %M %w' -o "$dir/time" "${cmd[@]}" >/dev/null 2>"$dir/err" &
 	pid=$!
 	ws=0
 	while kill -0 $pid 2>/dev/null; do
@@ -82,15 +82,15 @@ for c in "${consumers[@]}"; do
 	done
 	wait $pid || { cat "$dir/err" >&2; exit 1; }
 	end=$(date +%s.%N)
-	read -r u s m <"$dir/time"
-	echo "$c $start $end $u $s $m $ws" >>"$dir/results"
+	read -r u s m w <"$dir/time"
+	echo "$c $start $end $u $s $m $ws $w" >>"$dir/results"
 done
 done
 python3 - "$dir/results" "$total" <<'PY'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 total = int(sys.argv[2])
-print(f"{'consumer':<16} {'wall_s':>8} {'inserts/s':>10} {'client_us/ins':>14} {'max_rss_MB':>10} {'walsender_us/ins':>16}   (medians of {len(rows) // len(set(r[0] for r in rows))})")
+print(f"{'consumer':<16} {'wall_s':>8} {'inserts/s':>10} {'client_us/ins':>14} {'max_rss_MB':>10} {'walsender_us/ins':>16} {'client_wakeups/1k':>17}   (medians of {len(rows) // len(set(r[0] for r in rows))})")
 for c in dict.fromkeys(r[0] for r in rows):
     rs = [r for r in rows if r[0] == c]
     med = lambda f: statistics.median(f(r) for r in rs)
@@ -98,5 +98,6 @@ for c in dict.fromkeys(r[0] for r in rows):
     cpu = med(lambda r: (float(r[3]) + float(r[4])) * 1e6 / total)
     rss = med(lambda r: int(r[5]) / 1024)
     ws = med(lambda r: int(r[6]) * 1e4 / total)
-    print(f"{c:<16} {wall:8.2f} {total / wall:10.0f} {cpu:14.2f} {rss:10.1f} {ws:16.2f}")
+    wk = med(lambda r: int(r[7]) * 1e3 / total)
+    print(f"{c:<16} {wall:8.2f} {total / wall:10.0f} {cpu:14.2f} {rss:10.1f} {ws:16.2f} {wk:17.1f}")
 PY

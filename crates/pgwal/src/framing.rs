@@ -36,6 +36,14 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
+    /// Whether a whole message is buffered.
+    fn has_frame(&self) -> bool {
+        self.buf.len() >= 5 && {
+            let len = i32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]);
+            len < 4 || self.buf.len() > len as usize
+        }
+    }
+
     /// The next message if it is already buffered (no I/O).
     pub(crate) fn try_next(&mut self) -> Result<Option<Backend>> {
         if self.buf.len() < 5 {
@@ -69,12 +77,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 
     /// Whether the reader is in a stream of small reads (the last one was
-    /// under 32 KiB and less than 2 ms ago) with nothing buffered: waiting a
+    /// under 32 KiB and less than 10 ms ago) with no whole message buffered: waiting a
     /// moment lets data accumulate, saving wake-ups on both ends.
     pub(crate) fn should_coalesce(&self) -> bool {
-        self.buf.is_empty()
+        !self.has_frame()
             && self.last_read_len < 32 * 1024
-            && self.last_read_at.is_some_and(|t| t.elapsed() < std::time::Duration::from_millis(2))
+            && self.last_read_at.is_some_and(|t| t.elapsed() < std::time::Duration::from_millis(10))
     }
 
     /// The next message. Cancel-safe.

@@ -134,6 +134,12 @@ impl LogicalStream {
         Lsn(self.shared.confirmed.load(Ordering::SeqCst))
     }
 
+    /// The server's WAL end as last reported (XLogData or keepalive); with
+    /// [`acked`](Self::acked) it gives the consumer's lag in bytes.
+    pub fn server_wal_end(&self) -> Lsn {
+        Lsn(self.shared.server_end.load(Ordering::Relaxed))
+    }
+
     /// Sends final feedback, ends replication cleanly and waits for the
     /// connection task.
     pub async fn shutdown(mut self) -> Result<()> {

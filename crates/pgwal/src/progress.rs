@@ -15,6 +15,8 @@ pub(crate) struct Shared {
     pub(crate) confirmed: AtomicU64,
     /// Session generation; events of older sessions are dropped.
     pub(crate) generation: AtomicU64,
+    /// The server's WAL end, from the latest XLogData or keepalive.
+    pub(crate) server_end: AtomicU64,
 }
 
 /// Acknowledges processed positions of a stream; cheap to clone and `Send`,

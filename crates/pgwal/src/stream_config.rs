@@ -64,8 +64,11 @@ pub struct StreamConfig {
     pub retry: RetryConfig,
     /// While data arrives in a stream of small reads, wait this long before
     /// reading again so more accumulates: fewer wake-ups of the client and
-    /// of the walsender, at the cost of up to this much latency under load.
-    /// `None` reads as soon as data arrives.
+    /// of the client, at the cost of up to this much latency under load.
+    /// `None` (the default) reads as soon as data arrives: on loopback,
+    /// data the client leaves unread is charged to the walsender's send
+    /// buffer, and a sleeping client measurably slowed the walsender
+    /// (`benches/e2e.sh`).
     pub read_coalesce: Option<Duration>,
 }
 
@@ -90,7 +93,7 @@ impl StreamConfig {
             status_interval: Duration::from_secs(10),
             buffer: 1024,
             retry: RetryConfig::default(),
-            read_coalesce: Some(Duration::from_millis(1)),
+            read_coalesce: None,
         }
     }
     /// Sets `proto_version`.

@@ -274,6 +274,7 @@ impl Worker {
                         match m {
                             Backend::CopyData(body) => match BackendReplicationMessage::decode(body)? {
                                 BackendReplicationMessage::XLogData(x) => {
+                                    s.shared.server_end.fetch_max(x.wal_end.0, Ordering::Relaxed);
                                     let ev = self.relations.event_from(decoder.decode(x.data)?)?;
                                     s.note(&ev);
                                     if let (Some(stop), Some(at)) = (stop, ev.ack_lsn()) {
@@ -283,6 +284,7 @@ impl Worker {
                                 }
                                 BackendReplicationMessage::PrimaryKeepalive(k) => {
                                     s.delivery.keepalive_end = s.delivery.keepalive_end.max(k.wal_end);
+                                    s.shared.server_end.fetch_max(k.wal_end.0, Ordering::Relaxed);
                                     if k.reply_requested || s.wants_status() {
                                         s.send_status(false).await?;
                                     }
