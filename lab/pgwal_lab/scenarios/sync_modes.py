@@ -1,5 +1,6 @@
 """sync-modes: every synchronous_commit level the server accepts, on a
-primary + 1 synchronous standby, TPC-B, across three environments:
+primary + 1 synchronous standby, TPC-B (or --set workload=insert|hot-counter|large-txn),
+across three environments:
   lan-fast          LAN link (0.05 ms one way), nvme disks everywhere
   lan-slow-standby  LAN link, standby disk 'slow-write' (+2 ms fsync, +0.3 ms pwrite)
   wan20             ~20 ms RTT link (10 ms each way), nvme disks
@@ -9,7 +10,8 @@ from __future__ import annotations
 
 from .. import topology
 from ..method import Variant, run_groups
-from ..workloads import tpcb
+from ..util import LabError
+from ..workloads import WORKLOADS, tpcb
 from . import Context, method_conf, sync_levels
 
 NAME = "sync-modes"
@@ -18,7 +20,7 @@ PROFILES = {
     "lan-slow-standby": {"net": "lan", "primary_disk": "nvme", "standby_disk": "slow-write"},
     "wan20": {"net": "wan20", "primary_disk": "nvme", "standby_disk": "nvme"},
 }
-DEFAULTS = {"levels": "auto", "profiles": list(PROFILES), "scale": 10, "clients": 4,
+DEFAULTS = {"levels": "auto", "profiles": list(PROFILES), "workload": "tpcb", "scale": 10, "clients": 4,
             "iterations": 10, "duration": 30, "warmup": 5, "settle": 10}
 SMOKE = {"profiles": ["lan-fast"], "scale": 1, "clients": 2, "iterations": 1, "duration": 1, "warmup": 0,
          "settle": 0}
@@ -30,7 +32,12 @@ def run(ctx: Context, params: dict) -> list[dict]:
     spec = topology.ClusterSpec(bin_dir=ctx.bin_dir, primary_disk=first["primary_disk"],
                                 standbys=[topology.StandbySpec("s1", sync=True, disk=first["standby_disk"],
                                                                net=first["net"])])
-    wl = tpcb(scale=int(params["scale"]))
+    if params.get("workload", "tpcb") == "tpcb":
+        wl = tpcb(scale=int(params["scale"]))
+    elif params["workload"] in WORKLOADS:
+        wl = WORKLOADS[params["workload"]]()
+    else:
+        raise LabError(f"unknown workload {params['workload']!r} (known: {', '.join(WORKLOADS)})")
     conf = method_conf(params)
     with topology.Cluster(spec) as cluster:
         levels = sync_levels(cluster.primary) if params["levels"] == "auto" else list(params["levels"])
