@@ -9,6 +9,7 @@
 # Each consumer runs ROUNDS times (default 3), interleaved; medians are printed.
 #
 # usage: crates/pgwal/benches/e2e.sh [TXNS] [ROWS_PER_TXN]   (default 50 x 8000)
+#        ROUNDS=0 crates/pgwal/benches/e2e.sh 1 1              (latency only)
 # env:   PGWAL_BENCH_BIN (server bin dir; default PGWAL_PG18_BIN or .build/install/check/bin)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../../.." && pwd)
@@ -17,7 +18,7 @@ rows=${2:-8000}
 bin=${PGWAL_BENCH_BIN:-${PGWAL_PG18_BIN:-$repo/.build/install/check/bin}}
 asuser="$repo/tools/as-user"
 cd "$repo/crates"
-cargo build -q --release -p pgwal --example drain
+cargo build -q --release -p pgwal --example drain --example latency
 cargo build -q --release -p pgwal-cli
 drain=$repo/crates/target/release/examples/drain
 cli=$repo/crates/target/release/pgwal
@@ -90,7 +91,7 @@ python3 - "$dir/results" "$total" <<'PY'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 total = int(sys.argv[2])
-print(f"{'consumer':<16} {'wall_s':>8} {'inserts/s':>10} {'client_us/ins':>14} {'max_rss_MB':>10} {'walsender_us/ins':>16} {'client_wakeups/1k':>17}   (medians of {len(rows) // len(set(r[0] for r in rows))})")
+print(f"{'consumer':<16} {'wall_s':>8} {'inserts/s':>10} {'client_us/ins':>14} {'max_rss_MB':>10} {'walsender_us/ins':>16} {'client_wakeups/1k':>17}   (medians of {len(rows) // max(1, len(set(r[0] for r in rows)))})")
 for c in dict.fromkeys(r[0] for r in rows):
     rs = [r for r in rows if r[0] == c]
     med = lambda f: statistics.median(f(r) for r in rs)
@@ -101,3 +102,8 @@ for c in dict.fromkeys(r[0] for r in rows):
     wk = med(lambda r: int(r[7]) * 1e3 / total)
     print(f"{c:<16} {wall:8.2f} {total / wall:10.0f} {cpu:14.2f} {rss:10.1f} {ws:16.2f} {wk:17.1f}")
 PY
+
+# Commit-to-receive latency with a live single-row workload (200 tx/s).
+psql -c "CREATE TABLE lat (id int, v text)" -c "CREATE PUBLICATION pl FOR TABLE lat" \
+	-c "SELECT pg_create_logical_replication_slot('s_lat', 'pgoutput')" >/dev/null
+"$repo/crates/target/release/examples/latency" "$conn" s_lat pl lat "${LAT_COUNT:-2000}" 5
