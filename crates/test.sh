@@ -3,17 +3,24 @@
 # Integration tests start their own PostgreSQL clusters: stock 15 from
 # $PGWAL_PG15_BIN (default /usr/lib/postgresql/15/bin) and 18 from
 # $PGWAL_PG18_BIN (default <repo>/.build/install/check/bin, skipped with a
-# notice when absent). Run from anywhere; installs PostgreSQL 15 if missing.
+# notice when absent). Run from anywhere; installs PostgreSQL 15 and openssl
+# with apt if missing.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
 
 pg15=${PGWAL_PG15_BIN:-/usr/lib/postgresql/15/bin}
-if [ ! -x "$pg15/postgres" ]; then
-	echo "test.sh: installing postgresql-15 (no server in $pg15)"
+need=()
+[ -x "$pg15/postgres" ] || need+=(postgresql-15 postgresql-client-15)
+command -v openssl >/dev/null || need+=(openssl)   # the TLS test generates a CA
+if [ ${#need[@]} -gt 0 ]; then
+	echo "test.sh: installing ${need[*]}"
 	export DEBIAN_FRONTEND=noninteractive
 	apt-get update -q
-	apt-get install -y -q postgresql-15 postgresql-client-15
+	apt-get install -y -q "${need[@]}"
+fi
+if ! command -v cargo >/dev/null && [ -x "$HOME/.cargo/bin/cargo" ]; then
+	PATH="$HOME/.cargo/bin:$PATH"
 fi
 if ! command -v cargo >/dev/null; then
 	echo "test.sh: cargo is required" >&2

@@ -91,13 +91,14 @@ impl LogicalStream {
         let batch = stream.buffer.clamp(1, 256);
         let (tx, rx) = mpsc::channel((stream.buffer / batch).max(1));
         let (stop_tx, stop_rx) = watch::channel(false);
+        let relations = RelationCache::with_toast_cache(stream.toast_cache_rows);
         let worker = Worker {
             config,
             stream,
             shared: shared.clone(),
             tx,
             shutdown: stop_rx,
-            relations: RelationCache::default(),
+            relations,
         };
         let task = tokio::spawn(worker.run(client));
         Ok(LogicalStream {

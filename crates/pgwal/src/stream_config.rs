@@ -70,6 +70,11 @@ pub struct StreamConfig {
     /// buffer, and a sleeping client measurably slowed the walsender
     /// (`benches/e2e.sh`).
     pub read_coalesce: Option<Duration>,
+    /// Remember the last row image of up to this many rows (by replica
+    /// identity key) to fill in unchanged TOAST columns of later updates
+    /// that carry no full old image. 0 (default) disables it; rows not seen
+    /// since the stream started stay `UnchangedToast`.
+    pub toast_cache_rows: usize,
 }
 
 impl StreamConfig {
@@ -94,6 +99,7 @@ impl StreamConfig {
             buffer: 1024,
             retry: RetryConfig::default(),
             read_coalesce: None,
+            toast_cache_rows: 0,
         }
     }
     /// Sets `proto_version`.
@@ -149,6 +155,11 @@ impl StreamConfig {
     /// Sets `read_coalesce`.
     pub fn read_coalesce(mut self, v: Option<Duration>) -> Self {
         self.read_coalesce = v;
+        self
+    }
+    /// Sets `toast_cache_rows`.
+    pub fn toast_cache_rows(mut self, v: usize) -> Self {
+        self.toast_cache_rows = v;
         self
     }
     /// Sets `retry`.

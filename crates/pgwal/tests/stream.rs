@@ -304,3 +304,37 @@ fn streamed_and_two_phase_transactions() {
         });
     }
 }
+
+#[test]
+fn toast_cache_fills_unchanged_columns() {
+    for (label, bin) in support::servers() {
+        let c = Cluster::start(label, &bin, Options::default());
+        c.psql(
+            "CREATE TABLE tt (id int PRIMARY KEY, v text, big text);
+             ALTER TABLE tt ALTER COLUMN big SET STORAGE EXTERNAL;
+             CREATE PUBLICATION pt FOR TABLE tt;
+             INSERT INTO tt VALUES (1, 'before', repeat('b', 4000));",
+        );
+        block_on(async {
+            make_slot(&c, "s").await;
+            c.psql(
+                "INSERT INTO tt VALUES (2, 'seen', repeat('s', 4000));
+                 UPDATE tt SET v = 'x' WHERE id IN (1, 2);",
+            );
+            let end: Lsn = c.query("SELECT pg_current_wal_insert_lsn()").parse().unwrap();
+            let cfg = fast(StreamConfig::new("s", ["pt"]).toast_cache_rows(100).stop_lsn(end));
+            let mut s = LogicalStream::start(config(&c, "postgres"), cfg).await.unwrap();
+            let mut updates = std::collections::BTreeMap::new();
+            while let Some(e) = tokio::time::timeout(Duration::from_secs(30), s.next()).await.unwrap() {
+                if let Event::Update(ch) = e.unwrap() {
+                    let new = ch.new.unwrap();
+                    updates.insert(new.text("id").unwrap().to_owned(), (new.has_unchanged_toast(), new.text("big").map(str::len)));
+                }
+            }
+            // Row 2 was inserted while streaming: its TOAST value is filled in.
+            assert_eq!(updates["2"], (false, Some(4000)), "{label}");
+            // Row 1 predates the stream: the value stays flagged, never guessed.
+            assert_eq!(updates["1"], (true, None), "{label}");
+        });
+    }
+}
