@@ -270,8 +270,7 @@ def run_groups(cluster, variants: list[Variant], conf: MethodConf, store, scenar
             for v in vs:
                 if deadline and time.monotonic() > deadline:
                     raise LabError(f"scenario time limit reached in {gname} iteration {it}")
-                if v.env != vs[0].env:
-                    apply_env(cluster, v.env)
+                apply_env(cluster, v.env)  # no-op unless this variant's environment differs
                 apply_settings(cluster, v.settings)
                 if conf.reset_data:
                     v.workload.reset(cluster.primary)

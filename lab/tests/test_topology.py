@@ -73,3 +73,23 @@ def test_network_namespaces_when_root(cluster):
     # the standby reaches the primary over its veth (via the proxy in its namespace)
     addr = cluster.primary.scalar("SELECT client_addr::text FROM pg_stat_replication WHERE application_name='s1'")
     assert addr.startswith(topology.SUBNET + ".1.2")
+
+
+def test_commit_latency_follows_link_delay(pg_bin):
+    """End to end: with 5 ms each way to a sync standby, a remote_write
+    commit takes one round trip (~10 ms) more than a local one."""
+    from pgwal_lab.workloads import insert, run_pgbench
+
+    spec = topology.simple_spec(pg_bin, standbys=1, net="delay=5")
+    with topology.Cluster(spec) as c:
+        wl = insert()
+        wl.init(c.primary, pg_bin)
+        lat = {}
+        for level in ("local", "remote_write"):
+            c.set_setting("synchronous_commit", level)
+            time.sleep(0.2)
+            lat[level] = run_pgbench(c.primary, pg_bin, wl, 1, duration=2)["lat_p50_ms"]
+        extra = lat["remote_write"] - lat["local"]
+        print(f"\ncommit p50: local {lat['local']:.2f} ms, remote_write {lat['remote_write']:.2f} ms "
+              f"(+{extra:.2f} ms for a 10 ms RTT link)")
+        assert 10.0 <= extra <= 12.5, lat  # never less than the RTT; the rest is processing on a busy box

@@ -40,6 +40,15 @@ class Context:
             raise LabError(f"time limit reached before {what}")
 
 
+def as_list(v) -> list:
+    """A parameter that may come as a list, a comma string or a scalar."""
+    if isinstance(v, (list, tuple)):
+        return list(v)
+    if isinstance(v, str):
+        return [x.strip() for x in v.split(",") if x.strip()]
+    return [v]
+
+
 def method_conf(params: dict) -> MethodConf:
     return MethodConf(iterations=int(params["iterations"]), duration=float(params["duration"]),
                       warmup=float(params["warmup"]), settle=float(params["settle"]),

@@ -7,7 +7,7 @@ from __future__ import annotations
 from .. import topology
 from ..method import Variant, run_groups
 from ..workloads import hot_counter
-from . import Context, method_conf, sync_levels
+from . import Context, as_list, method_conf, sync_levels
 
 NAME = "hot-counter"
 DEFAULTS = {"clients": [1, 8, 32, 64, 128], "fsync_ms": [0.2, 1, 10], "levels": "auto",
@@ -20,7 +20,7 @@ def disk_for(fsync_ms: float) -> str:
 
 
 def run(ctx: Context, params: dict) -> list[dict]:
-    fs = [float(x) for x in params["fsync_ms"]]
+    fs = [float(x) for x in as_list(params["fsync_ms"])]
     spec = topology.ClusterSpec(bin_dir=ctx.bin_dir, primary_disk=disk_for(fs[0]))
     wl = hot_counter()
     conf = method_conf(params)
@@ -29,10 +29,10 @@ def run(ctx: Context, params: dict) -> list[dict]:
             avail = sync_levels(cluster.primary)
             levels = ["on", "off"] + [l for l in ("local_non_durable_reads",) if l in avail]
         else:
-            levels = list(params["levels"])
+            levels = as_list(params["levels"])
         variants = [Variant(lvl, f"fsync {f:g} ms, {c} clients", wl, int(c), {"synchronous_commit": lvl},
                             {"primary_disk": disk_for(f)}, {"level": lvl, "fsync_ms": f, "clients": int(c)})
-                    for f in fs for c in params["clients"] for lvl in levels]
+                    for f in fs for c in as_list(params["clients"]) for lvl in levels]
         if ctx.set_total:
             ctx.set_total(len(variants) * conf.iterations, conf)
         ctx.log(f"{NAME}: levels {levels}, fsync {fs} ms, clients {params['clients']}")

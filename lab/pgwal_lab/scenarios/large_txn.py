@@ -7,7 +7,7 @@ from __future__ import annotations
 from .. import topology
 from ..method import Variant, run_groups
 from ..workloads import large_txn
-from . import Context, method_conf
+from . import Context, as_list, method_conf
 
 NAME = "large-txn"
 DEFAULTS = {"levels": ["remote_write"], "net": "wan20", "clients": 32, "rows": 80, "row_bytes": 8000,
@@ -24,7 +24,7 @@ def run(ctx: Context, params: dict) -> list[dict]:
     with topology.Cluster(spec) as cluster:
         variants = [Variant(lvl, f"{params['net']}, {params['clients']} clients", wl, int(params["clients"]),
                             {"synchronous_commit": lvl}, {"net": params["net"]}, {"level": lvl})
-                    for lvl in params["levels"]]
+                    for lvl in as_list(params["levels"])]
         if ctx.set_total:
             ctx.set_total(len(variants) * conf.iterations, conf)
         wl.init(cluster.primary, ctx.bin_dir)

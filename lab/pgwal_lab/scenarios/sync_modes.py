@@ -12,7 +12,7 @@ from .. import topology
 from ..method import Variant, run_groups
 from ..util import LabError
 from ..workloads import WORKLOADS, tpcb
-from . import Context, method_conf, sync_levels
+from . import Context, as_list, method_conf, sync_levels
 
 NAME = "sync-modes"
 PROFILES = {
@@ -27,8 +27,15 @@ SMOKE = {"profiles": ["lan-fast"], "scale": 1, "clients": 2, "iterations": 1, "d
 
 
 def run(ctx: Context, params: dict) -> list[dict]:
-    profiles = params["profiles"]
-    first = PROFILES[profiles[0]]
+    # custom_profiles: {"name": {"net": ..., "primary_disk": ..., "standby_disk": ...}}
+    known = dict(PROFILES)
+    for name, env in (params.get("custom_profiles") or {}).items():
+        known[name] = {"net": "none", "primary_disk": "nvme", "standby_disk": "nvme", **env}
+    profiles = as_list(params["profiles"])
+    for p in profiles:
+        if p not in known:
+            raise LabError(f"unknown profile {p!r} (known: {', '.join(known)}; add custom_profiles)")
+    first = known[profiles[0]]
     spec = topology.ClusterSpec(bin_dir=ctx.bin_dir, primary_disk=first["primary_disk"],
                                 standbys=[topology.StandbySpec("s1", sync=True, disk=first["standby_disk"],
                                                                net=first["net"])])
@@ -40,8 +47,11 @@ def run(ctx: Context, params: dict) -> list[dict]:
         raise LabError(f"unknown workload {params['workload']!r} (known: {', '.join(WORKLOADS)})")
     conf = method_conf(params)
     with topology.Cluster(spec) as cluster:
-        levels = sync_levels(cluster.primary) if params["levels"] == "auto" else list(params["levels"])
-        variants = [Variant(lvl, prof, wl, int(params["clients"]), {"synchronous_commit": lvl}, PROFILES[prof],
+        levels = sync_levels(cluster.primary) if params["levels"] == "auto" else as_list(params["levels"])
+        # interleave_profiles: one group, so environments alternate run by run
+        # (each switch restarts the standby/proxy); default: one group per profile
+        one_group = bool(params.get("interleave_profiles"))
+        variants = [Variant(f"{prof}/{lvl}" if one_group else lvl, "all profiles" if one_group else prof, wl, int(params["clients"]), {"synchronous_commit": lvl}, known[prof],
                             {"level": lvl, "profile": prof})
                     for prof in profiles for lvl in levels]
         if ctx.set_total:

@@ -13,7 +13,7 @@ from .. import topology
 from ..util import LabError
 from ..util import run as run_cmd
 from ..workloads import run_pgbench, tpcb
-from . import Context
+from . import Context, as_list
 
 NAME = "wal-volume"
 DEFAULTS = {"levels": ["minimal", "replica", "logical"], "scale": 10, "fillfactor": 70,
@@ -66,7 +66,7 @@ def diff(node, a: str, b: str) -> float:
 
 def run(ctx: Context, params: dict) -> list[dict]:
     spec = topology.ClusterSpec(bin_dir=ctx.bin_dir, primary_disk="tmpfs")
-    levels = list(params["levels"])
+    levels = as_list(params["levels"])
     iters = int(params["iterations"])
     wl = tpcb(scale=int(params["scale"]), fillfactor=int(params["fillfactor"]))
     records = []
