@@ -33,10 +33,10 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::raw::{c_int, c_ulong};
-use std::process::exit;
 use std::os::unix::io::AsRawFd;
-use std::thread;
+use std::process::exit;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 extern "C" {
@@ -57,7 +57,9 @@ const SCHED_FIFO: c_int = 1;
 /// emulated wire is not delayed by CPU contention on the host.  Needs root
 /// (CAP_SYS_NICE); returns false when refused.
 fn set_realtime(prio: i32) -> bool {
-    let p = SchedParam { sched_priority: prio };
+    let p = SchedParam {
+        sched_priority: prio,
+    };
     // SAFETY: p lives across the call; pid 0 = the calling thread.
     unsafe { sched_setscheduler(0, SCHED_FIFO, &p) == 0 }
 }
@@ -80,7 +82,11 @@ struct Stats {
 }
 impl Stats {
     fn add(&self, up: bool, n: usize) {
-        let (c, b) = if up { (&self.up_chunks, &self.up_bytes) } else { (&self.down_chunks, &self.down_bytes) };
+        let (c, b) = if up {
+            (&self.up_chunks, &self.up_bytes)
+        } else {
+            (&self.down_chunks, &self.down_bytes)
+        };
         c.fetch_add(1, Ordering::Relaxed);
         b.fetch_add(n as u64, Ordering::Relaxed);
     }
@@ -134,7 +140,10 @@ struct ProxyConf {
 struct Rng(u64);
 impl Rng {
     fn new(salt: u64) -> Rng {
-        let t = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1);
+        let t = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1);
         Rng((t ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1)
     }
     fn next_f64(&mut self) -> f64 {
@@ -177,7 +186,12 @@ struct Timespec {
     tv_nsec: i64,
 }
 extern "C" {
-    fn ppoll(fds: *mut PollFd, nfds: c_ulong, timeout: *const Timespec, sigmask: *const u8) -> c_int;
+    fn ppoll(
+        fds: *mut PollFd,
+        nfds: c_ulong,
+        timeout: *const Timespec,
+        sigmask: *const u8,
+    ) -> c_int;
 }
 #[repr(C)]
 struct IoVec {
@@ -212,14 +226,25 @@ const MSG_DONTWAIT: c_int = 0x40;
 fn enable_rx_timestamps(fd: c_int) -> bool {
     let one: c_int = 1;
     // SAFETY: passes a pointer to a live c_int and its size.
-    unsafe { setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &one as *const c_int as *const u8, 4) == 0 }
+    unsafe {
+        setsockopt(
+            fd,
+            SOL_SOCKET,
+            SO_TIMESTAMPNS,
+            &one as *const c_int as *const u8,
+            4,
+        ) == 0
+    }
 }
 
 /// Non-blocking read that also returns the kernel's receive timestamp, so
 /// the delay counts from when the bytes arrived, not from when this thread
 /// woke up to read them.
 fn recv_ts(fd: c_int, buf: &mut [u8]) -> std::io::Result<(usize, Option<SystemTime>)> {
-    let mut iov = IoVec { base: buf.as_mut_ptr(), len: buf.len() };
+    let mut iov = IoVec {
+        base: buf.as_mut_ptr(),
+        len: buf.len(),
+    };
     let mut control = [0u64; 16];
     let mut msg = MsgHdr {
         name: std::ptr::null_mut(),
@@ -240,14 +265,18 @@ fn recv_ts(fd: c_int, buf: &mut [u8]) -> std::io::Result<(usize, Option<SystemTi
     let mut off = 0usize;
     while off + hdr <= msg.controllen {
         // SAFETY: off + hdr is within `control`; CmsgHdr has no invalid bit patterns.
-        let c = unsafe { std::ptr::read_unaligned((control.as_ptr() as *const u8).add(off) as *const CmsgHdr) };
+        let c = unsafe {
+            std::ptr::read_unaligned((control.as_ptr() as *const u8).add(off) as *const CmsgHdr)
+        };
         if c.len < hdr || off + c.len > msg.controllen {
             break;
         }
         if c.level == SOL_SOCKET && c.kind == SO_TIMESTAMPNS && c.len >= hdr + 16 {
             // SAFETY: the payload of SCM_TIMESTAMPNS is a struct timespec (2 x i64).
             let t = unsafe {
-                std::ptr::read_unaligned((control.as_ptr() as *const u8).add(off + hdr) as *const Timespec)
+                std::ptr::read_unaligned(
+                    (control.as_ptr() as *const u8).add(off + hdr) as *const Timespec
+                )
             };
             if t.tv_sec > 0 {
                 ts = Some(UNIX_EPOCH + Duration::new(t.tv_sec as u64, t.tv_nsec as u32));
@@ -263,8 +292,15 @@ const POLLOUT: i16 = 0x4;
 
 /// Wait until `fd` has `events` or `timeout` passes (None = forever).
 fn poll_fd(fd: c_int, events: i16, timeout: Option<Duration>) {
-    let mut p = PollFd { fd, events, revents: 0 };
-    let ts = timeout.map(|t| Timespec { tv_sec: t.as_secs() as i64, tv_nsec: t.subsec_nanos() as i64 });
+    let mut p = PollFd {
+        fd,
+        events,
+        revents: 0,
+    };
+    let ts = timeout.map(|t| Timespec {
+        tv_sec: t.as_secs() as i64,
+        tv_nsec: t.subsec_nanos() as i64,
+    });
     let tp: *const Timespec = match &ts {
         Some(t) => t,
         None => std::ptr::null(),
@@ -296,7 +332,14 @@ fn write_all_nb(dst: &mut TcpStream, mut data: &[u8]) -> std::io::Result<()> {
 /// chunk crosses no thread hand-off: the thread waits in ppoll() on `src`
 /// with a timeout ending `spin` before the next release, then polls
 /// without blocking until the release time.
-fn pump(mut src: TcpStream, mut dst: TcpStream, conf: DirConf, spin: Duration, salt: u64, label: String) {
+fn pump(
+    mut src: TcpStream,
+    mut dst: TcpStream,
+    conf: DirConf,
+    spin: Duration,
+    salt: u64,
+    label: String,
+) {
     let mut rng = Rng::new(salt);
     let mut late = Lateness::new(label);
     let mut buf = vec![0u8; 256 * 1024];
@@ -404,7 +447,11 @@ struct Lateness {
 }
 impl Lateness {
     fn new(label: String) -> Lateness {
-        Lateness { label, us: Vec::new(), since: Instant::now() }
+        Lateness {
+            label,
+            us: Vec::new(),
+            since: Instant::now(),
+        }
     }
     fn record(&mut self, d: Duration) {
         self.us.push(d.as_micros().min(u32::MAX as u128) as u32);
@@ -480,8 +527,17 @@ fn run_proxy(conf: ProxyConf) {
             };
             let up = conf.up.clone();
             let spin = conf.spin;
-            let t_up = thread::spawn(move || pump(client, upstream, up, spin, 2 * n, format!("conn{} up", n)));
-            pump(u2, c2, conf.down.clone(), conf.spin, 2 * n + 1, format!("conn{} down", n));
+            let t_up = thread::spawn(move || {
+                pump(client, upstream, up, spin, 2 * n, format!("conn{} up", n))
+            });
+            pump(
+                u2,
+                c2,
+                conf.down.clone(),
+                conf.spin,
+                2 * n + 1,
+                format!("conn{} down", n),
+            );
             let _ = t_up.join();
         });
     }
@@ -623,8 +679,18 @@ fn main() {
             let conf = ProxyConf {
                 listen,
                 upstream,
-                up: DirConf { dir_up: true, delay: ms(num(&m, "up-delay-ms", delay)), jitter, bytes_per_sec: bw },
-                down: DirConf { dir_up: false, delay: ms(num(&m, "down-delay-ms", delay)), jitter, bytes_per_sec: bw },
+                up: DirConf {
+                    dir_up: true,
+                    delay: ms(num(&m, "up-delay-ms", delay)),
+                    jitter,
+                    bytes_per_sec: bw,
+                },
+                down: DirConf {
+                    dir_up: false,
+                    delay: ms(num(&m, "down-delay-ms", delay)),
+                    jitter,
+                    bytes_per_sec: bw,
+                },
                 spin: Duration::from_micros(num(&m, "spin-us", 60.0) as u64),
             };
             if let Some(path) = m.get("stats-file").cloned() {
@@ -661,7 +727,11 @@ mod tests {
         }
         late.sort();
         // the median only: a loaded box may stall any single wait
-        assert!(late[late.len() / 2] < Duration::from_millis(1), "median lateness {:?}", late[late.len() / 2]);
+        assert!(
+            late[late.len() / 2] < Duration::from_millis(1),
+            "median lateness {:?}",
+            late[late.len() / 2]
+        );
     }
 
     #[test]
