@@ -18,6 +18,7 @@ before its first run.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import threading
 import time
 from dataclasses import dataclass, field
@@ -167,6 +168,24 @@ def _cpu(pids) -> dict:
     return {p: proc_cpu_seconds(p) for p in pids}
 
 
+def _io(pids) -> dict:
+    """/proc/<pid>/io read_bytes (storage reads) and rchar (all read() bytes) per pid."""
+    out = {}
+    for p in pids:
+        try:
+            kv = dict(l.split(": ") for l in Path(f"/proc/{p}/io").read_text().splitlines())
+            out[p] = (int(kv["read_bytes"]), int(kv["rchar"]))
+        except (OSError, KeyError, ValueError):
+            out[p] = None
+    return out
+
+
+def _io_delta(before: dict, after: dict, idx: int) -> float | None:
+    if not before or sorted(before) != sorted(after) or any(before[p] is None or after[p] is None for p in before):
+        return None
+    return float(sum(after[p][idx] - before[p][idx] for p in before))
+
+
 def _cpu_delta(before: dict, after_pids: list[int], after: dict) -> float | None:
     """CPU seconds used by the same processes; None when one exited or was
     replaced during the run (a reconnect would make the delta meaningless)."""
@@ -209,6 +228,7 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
         run_pgbench(p, pg_bin, variant.workload, variant.clients, duration=conf.warmup, log=False)
     ws, wr = _walsender_pids(cluster), _walreceiver_pids(cluster)
     cpu_ws0, cpu_wr0 = _cpu(ws), _cpu(wr)
+    pio0 = _io(ws)
     io0 = walsender_wal_reads(cluster)
     lsn0 = cluster.current_lsn()
     time.sleep(0.25)  # proxy counters are refreshed every 200 ms
@@ -228,6 +248,7 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
     up = [px1[k]["up_chunks"] - px0[k]["up_chunks"] for k in px1 if k in px0]
     down = [px1[k]["down_chunks"] - px0[k]["down_chunks"] for k in px1 if k in px0]
     cpu_ws1, cpu_wr1 = _cpu(ws), _cpu(wr)
+    pio1 = _io(ws)
     ws1, wr1 = _walsender_pids(cluster), _walreceiver_pids(cluster)
     d_ws = _cpu_delta(cpu_ws0, ws1, cpu_ws1)
     d_wr = _cpu_delta(cpu_wr0, wr1, cpu_wr1)
@@ -248,6 +269,9 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
         "repl_process_changes": len(set(ws) ^ set(ws1)) + len(set(wr) ^ set(wr1)),
         "walsender_wal_reads": (io1[0] - io0[0]) if io0[0] is not None and io1[0] is not None else None,
         "walsender_wal_read_bytes": (io1[1] - io0[1]) if io0[1] is not None and io1[1] is not None else None,
+        # from /proc, any server version: bytes walsenders read from storage / via read()
+        "walsender_storage_read_bytes": _io_delta(pio0, pio1, 0),
+        "walsender_rchar_bytes": _io_delta(pio0, pio1, 1),
         "replay_catchup_after_s": time.monotonic() - t1,
         # chunks the proxy carried standby -> primary: status replies (≈ packets)
         "reply_chunks_per_s": sum(up) / (elapsed + 0.5) if up else None,
