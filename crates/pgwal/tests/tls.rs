@@ -43,6 +43,15 @@ fn make_pki(dir: &Path) {
     std::fs::set_permissions(dir.join("server.key"), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
 }
 
+/// Removes the PKI directory when dropped, also on failure.
+struct PkiDir(PathBuf);
+
+impl Drop for PkiDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 fn cfg(c: &Cluster, host: &str, extra: &str) -> Config {
     format!("host={host} port={} user=u_tls password=tls_pw dbname=postgres {extra}", c.port).parse().unwrap()
 }
@@ -56,7 +65,8 @@ async fn uses_tls(config: &Config) -> Result<bool, Error> {
 #[test]
 fn sslmodes_and_channel_binding() {
     for (label, bin) in support::servers() {
-        let pki: PathBuf = PathBuf::from(format!("/tmp/pgwal-pki-{}-{label}", std::process::id()));
+        let guard = PkiDir(PathBuf::from(format!("/tmp/pgwal-pki-{}-{label}", std::process::id())));
+        let pki = guard.0.clone();
         let _ = std::fs::remove_dir_all(&pki);
         make_pki(&pki);
         support::give_to_server_user(&pki);
@@ -109,6 +119,6 @@ fn sslmodes_and_channel_binding() {
             }
         });
         drop(c);
-        let _ = std::fs::remove_dir_all(&pki);
+        drop(guard);
     }
 }
