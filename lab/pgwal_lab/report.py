@@ -265,6 +265,9 @@ def render(records: list[dict], out: Path, title: str | None = None) -> Path:
                                  f"{_fmt(c['ci_high'], 3)} | {_fmt(c['p'], 3)} | {c['verdict']} |")
             lines.append("")
         if scenario == "hot-counter":
+            lines += ["Published reference (2018, 128 clients, ~0.2 ms fsync, other hardware): 1283 TPS `on`, "
+                      "2611 `off`, 3321 with early lock release. With one hot row the row lock is held across "
+                      "the commit flush, so `on` is bounded by ~1 / (flush latency + hand-off).", ""]
             lines += [f"![hot-counter by clients]({hot_counter_plot(groups, out).name})", ""]
         if len(groups) <= 8:
             lines += [f"![{scenario}]({tps_plot(scenario, groups, out).name})", ""]
