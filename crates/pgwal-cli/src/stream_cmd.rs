@@ -116,10 +116,19 @@ pub(crate) async fn run(config: Config, a: StreamArgs) -> Result<()> {
     let mut line = Vec::with_capacity(512);
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
+    let mut report = tokio::time::interval(Duration::from_secs(1));
     loop {
         let event = tokio::select! {
             e = stream.next() => e,
             _ = &mut ctrl_c => None,
+            _ = report.tick(), if progress => {
+                let rate = (events - last_events) as f64 / last_report.elapsed().as_secs_f64();
+                let lag = stream.server_wal_end() - stream.acked().max(stream.confirmed());
+                eprint!("\r{events} events, {rate:.0}/s, acked {}, lag {} kB\x1b[K", stream.acked(), lag / 1024);
+                last_events = events;
+                last_report = Instant::now();
+                continue;
+            }
         };
         let Some(event) = event else { break };
         let event = event?;
@@ -134,13 +143,6 @@ pub(crate) async fn run(config: Config, a: StreamArgs) -> Result<()> {
             // Acknowledge only what has reached stdout.
             out.flush().await?;
             stream.ack(lsn);
-        }
-        if progress && last_report.elapsed() >= Duration::from_secs(1) {
-            let rate = (events - last_events) as f64 / last_report.elapsed().as_secs_f64();
-            let lag = stream.server_wal_end() - stream.acked();
-            eprint!("\r{events} events, {rate:.0}/s, acked {}, lag {} kB   ", stream.acked(), lag / 1024);
-            last_events = events;
-            last_report = Instant::now();
         }
     }
     out.flush().await?;
