@@ -85,7 +85,11 @@ def run_scenario(name: str, bin_dir: Path, overrides: dict, smoke: bool, results
     results.mkdir(parents=True, exist_ok=True)
     store = Store(results / "runs.jsonl")
     console = Console(stderr=True, quiet=quiet)
-    common = {"machine": machine_facts(), "bin_dir": str(bin_dir), "smoke": smoke,
+    facts = machine_facts()
+    if facts["loadavg"][0] > 0.5 * (facts["cpus"] or 1):
+        console.log(f"[yellow]warning: load average {facts['loadavg'][0]:.1f} on {facts['cpus']} cores: "
+                    "other work competes for the CPUs, numbers will not be trustworthy")
+    common = {"machine": facts, "bin_dir": str(bin_dir), "smoke": smoke,
               "versions": tool_versions(bin_dir)}
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,

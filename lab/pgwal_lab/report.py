@@ -58,6 +58,14 @@ def machine_section(records) -> list[str]:
     meth = r.get("method", {})
     lines.append(f"- method: {meth}")
     lines.append("")
+    busy = [x for x in records if (x.get("machine", {}).get("loadavg") or [0])[0] > 0.5 * (x.get("machine", {}).get("cpus") or 1)]
+    if busy:
+        worst = max(x["machine"]["loadavg"][0] for x in busy)
+        lines += [f"**Warning: the machine was busy before the scenario started (1-minute load average up to "
+                  f"{worst:.1f} on {m.get('cpus')} cores; {len(busy)} of {len(records)} runs affected). Other work "
+                  "competed for the CPUs: treat these numbers as indicative, not as results.**", ""]
+    if any(x.get("smoke") for x in records):
+        lines += ["**Smoke run: seconds-long runs that check the lab works; not a measurement.**", ""]
     return lines
 
 
