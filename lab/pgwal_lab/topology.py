@@ -73,6 +73,28 @@ class ClusterSpec:
     disk_mb: int = 3072
 
 
+def server_settings_sample(bin_dir) -> str:
+    """The postgresql.conf.sample of the server in bin_dir ('' if not found)."""
+    try:
+        share = run([str(Path(bin_dir) / "pg_config"), "--sharedir"], timeout=30).stdout.strip()
+        return (Path(share) / "postgresql.conf.sample").read_text()
+    except (LabError, OSError):
+        return ""
+
+
+def version_settings(bin_dir) -> dict:
+    """Settings that only some servers know.
+
+    A standby of the patched server reports WAL it has received before
+    writing it only if wal_receiver_reply_events includes "receive"; without
+    it remote_receive waits like remote_write.  'receive, flush' sends no
+    more status updates than the default ('write, flush')."""
+    extra = {}
+    if "wal_receiver_reply_events" in server_settings_sample(bin_dir):
+        extra["wal_receiver_reply_events"] = "receive, flush"
+    return extra
+
+
 def q(v) -> str:
     if isinstance(v, (int, float)):
         return str(v)
@@ -180,7 +202,9 @@ class Node:
         conf = self.datadir / "postgresql.conf"
         with conf.open("a") as f:
             f.write("\n# pgwal-lab\n")
-            for k, v in {**BASE_SETTINGS, **self.cluster.spec.settings}.items():
+            settings = {**BASE_SETTINGS, **version_settings(self.cluster.spec.bin_dir),
+                        **self.cluster.spec.settings}
+            for k, v in settings.items():
                 f.write(f"{k} = {q(v)}\n")
             f.write("include_if_exists = 'lab_node.conf'\n")
         (self.datadir / "pg_hba.conf").write_text(

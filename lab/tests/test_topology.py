@@ -36,6 +36,24 @@ def test_replicates_through_cascade(cluster):
     assert cluster.nodes["s1"].scalar("SELECT count(*) FROM pg_stat_replication WHERE application_name='s2'") == 1
 
 
+def test_standbys_report_receipt_on_servers_that_can(cluster, pg_bin):
+    """On the patched server a standby reports WAL it holds before writing it
+    (so remote_receive differs from remote_write); stock servers get nothing."""
+    s1 = cluster.nodes["s1"]
+    supported = bool(topology.version_settings(pg_bin))
+    known = s1.scalar("SELECT count(*) FROM pg_settings WHERE name = 'wal_receiver_reply_events'")
+    assert known == (1 if supported else 0)
+    if supported:
+        assert s1.scalar("SHOW wal_receiver_reply_events") == "receive, flush"
+        p = cluster.primary
+        p.sql("CREATE TABLE IF NOT EXISTS rr (x int)")
+        with p.connect() as c:
+            c.execute("SET synchronous_commit = remote_receive")
+            c.execute("INSERT INTO rr VALUES (1)")
+        assert p.scalar("SELECT receive_lsn IS NOT NULL FROM pg_stat_replication "
+                        "WHERE application_name = 's1'") is True
+
+
 def test_sync_standby_blocks_commit_when_stopped(cluster):
     p, s1 = cluster.primary, cluster.nodes["s1"]
     s1.stop()
