@@ -238,7 +238,9 @@ impl Worker {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let stop = self.stream.stop_lsn;
         let coalesce = self.stream.read_coalesce;
-        let mut stop_now = false;
+        // Streaming starts at the acked position: anything delivered from
+        // here ends after it, so a stop position at or before it is reached.
+        let mut stop_now = stop.is_some_and(|stop| stop <= Lsn(self.shared.acked.load(Ordering::SeqCst)));
         loop {
             if stop_now {
                 self.stop(generation, &mut s, &mut tick).await?;
@@ -251,7 +253,9 @@ impl Worker {
                     finish(&mut s, &mut reader).await;
                     return Ok(End::Shutdown);
                 }
-                _ = tick.tick() => s.send_status(false).await?,
+                // With a stop position, ask for a keepalive on every tick so
+                // an idle server still tells us its WAL passed it.
+                _ = tick.tick() => s.send_status(stop.is_some()).await?,
                 permit = self.tx.reserve(), if !pending.is_empty() => {
                     let Ok(permit) = permit else {
                         finish(&mut s, &mut reader).await;

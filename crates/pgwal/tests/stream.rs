@@ -338,3 +338,48 @@ fn toast_cache_fills_unchanged_columns() {
         });
     }
 }
+
+#[test]
+fn reconnect_inside_streamed_transaction() {
+    for (label, bin) in support::servers() {
+        let c = Cluster::start(label, &bin, Options { hba: vec![], conf: vec!["logical_decoding_work_mem = '64kB'".into()] });
+        c.psql(SETUP);
+        block_on(async {
+            make_slot(&c, "s").await;
+            let before = confirmed_flush(&c, "s");
+            c.psql("INSERT INTO t SELECT g, repeat('z', 100) FROM generate_series(1, 5000) g;");
+            let cfg = fast(StreamConfig::new("s", ["p"]).streaming(Streaming::On));
+            let mut s = LogicalStream::start(config(&c, "postgres"), cfg).await.unwrap();
+            // Receive the first streamed block only, then lose the connection.
+            loop {
+                if let Event::StreamStop = next(&mut s).await {
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let confirmed_at_kill = confirmed_flush(&c, "s");
+            assert!(confirmed_at_kill >= before);
+            let pid = c.query("SELECT active_pid FROM pg_replication_slots WHERE slot_name = 's'");
+            c.query(&format!("SELECT pg_terminate_backend({pid})"));
+            let mut seen_marker = false;
+            let mut rows = 0;
+            loop {
+                match next(&mut s).await {
+                    Event::Reconnected { .. } => {
+                        seen_marker = true;
+                        rows = 0;
+                    }
+                    Event::Insert(_) if seen_marker => rows += 1,
+                    Event::StreamCommit(sc) if seen_marker => {
+                        assert!(confirmed_at_kill < sc.commit_lsn, "{label}: slot passed an unacked streamed commit");
+                        s.ack(sc.end_lsn);
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            assert_eq!(rows, 5000, "{label}: the streamed transaction must be delivered whole after reconnect");
+            s.shutdown().await.unwrap();
+        });
+    }
+}
