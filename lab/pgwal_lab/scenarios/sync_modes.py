@@ -4,6 +4,8 @@ across three environments:
   lan-fast          LAN link (0.05 ms one way), nvme disks everywhere
   lan-slow-standby  LAN link, standby disk 'slow-write' (+2 ms fsync, +0.3 ms pwrite)
   wan20             ~20 ms RTT link (10 ms each way), nvme disks
+On the patched server the standby's wal_receiver_reply_events defaults to
+'receive, flush' (--set reply_events=receive,write,flush to change it).
 Levels are discovered from pg_settings, so a patched server's new levels
 (e.g. remote_receive) join automatically."""
 from __future__ import annotations
@@ -36,7 +38,13 @@ def run(ctx: Context, params: dict) -> list[dict]:
         if p not in known:
             raise LabError(f"unknown profile {p!r} (known: {', '.join(known)}; add custom_profiles)")
     first = known[profiles[0]]
-    spec = topology.ClusterSpec(bin_dir=ctx.bin_dir, primary_disk=first["primary_disk"],
+    # reply_events: the standby's wal_receiver_reply_events on servers that
+    # have it (default 'receive, flush'; 'receive, write, flush' lets
+    # remote_write commits return after the write, not after the flush)
+    settings = {}
+    if params.get("reply_events") and topology.version_settings(ctx.bin_dir):
+        settings["wal_receiver_reply_events"] = ", ".join(as_list(params["reply_events"]))
+    spec = topology.ClusterSpec(bin_dir=ctx.bin_dir, primary_disk=first["primary_disk"], settings=settings,
                                 standbys=[topology.StandbySpec("s1", sync=True, disk=first["standby_disk"],
                                                                net=first["net"])])
     if params.get("workload", "tpcb") == "tpcb":
