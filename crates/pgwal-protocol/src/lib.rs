@@ -45,4 +45,4 @@ mod timestamp;
 
 pub use error::DecodeError;
 pub use lsn::{Lsn, ParseLsnError};
-pub use timestamp::PgTimestamp;
+pub use timestamp::{format_pg_date, PgTimestamp};

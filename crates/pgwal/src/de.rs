@@ -86,37 +86,6 @@ impl<'de> MapAccess<'de> for RowDe {
 
 struct ValueDe(Value);
 
-fn ts_string(t: pgwal_protocol::PgTimestamp) -> String {
-    match t.0 {
-        i64::MAX => "infinity".into(),
-        i64::MIN => "-infinity".into(),
-        _ => {
-            let d = t.to_system_time();
-            let micros = match d.duration_since(std::time::UNIX_EPOCH) {
-                Ok(x) => x.as_micros() as i64,
-                Err(e) => -(e.duration().as_micros() as i64),
-            };
-            let secs = micros.div_euclid(1_000_000);
-            let (date, sod) = civil(secs.div_euclid(86_400) - 10_957, secs.rem_euclid(86_400));
-            format!("{date}T{:02}:{:02}:{:02}.{:06}Z", sod / 3600, sod / 60 % 60, sod % 60, micros.rem_euclid(1_000_000))
-        }
-    }
-}
-
-/// `YYYY-MM-DD` for days since 2000-01-01, plus the passed-through seconds.
-fn civil(days_2000: i64, sod: i64) -> (String, i64) {
-    let z = days_2000 + 10_957 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (format!("{y:04}-{m:02}-{d:02}"), sod)
-}
-
 fn uuid_string(u: &[u8; 16]) -> String {
     let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
     format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
@@ -148,8 +117,8 @@ impl<'de> Deserializer<'de> for ValueDe {
             Value::Bytes(b) => v.visit_byte_buf(b),
             Value::Json(j) => j.deserialize_any(v).map_err(|e| DeError(e.to_string())),
             Value::Uuid(u) => v.visit_string(uuid_string(&u)),
-            Value::Timestamp(t) => v.visit_string(ts_string(t)),
-            Value::Date(d) => v.visit_string(civil(d.into(), 0).0),
+            Value::Timestamp(t) => v.visit_string(t.to_iso8601()),
+            Value::Date(d) => v.visit_string(pgwal_protocol::format_pg_date(d.into())),
             Value::Array(a) => v.visit_seq(Seq(a.into_iter())),
         }
     }
