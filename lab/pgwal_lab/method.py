@@ -11,19 +11,26 @@ During the run pg_stat_replication is sampled; after it the run's metrics
 are collected: TPS, latency mean/p50/p99 (pgbench per-transaction log), WAL
 bytes (LSN difference), replication lags, walsender/walreceiver CPU (from
 /proc), WAL read by walsenders (pg_stat_io, PostgreSQL 18+), and the time
-standbys need to replay everything.  Each run is stored with its config.
+standbys need to replay everything.  On the primary also: pg_stat_wal
+(records, FPI, bytes, wal_buffers_full) and pg_stat_io WAL writes/fsyncs
+per backend type (PostgreSQL 18+) as deltas over the run, and the wait
+events of client backends sampled from pg_stat_activity (share of samples
+per wait event).  A variant may add concurrent reader clients (a second
+pgbench with its own script and session settings).  Each run is stored
+with its config.
 A group's environment (disk profiles, network profile) is applied once
 before its first run.
 """
 from __future__ import annotations
 
 import os
+import resource
 from pathlib import Path
 import threading
 import time
 from dataclasses import dataclass, field
 
-from .util import LabError, proc_cpu_seconds
+from .util import LabError, host_cpu_times, proc_cpu_seconds
 from .workloads import Workload, run_pgbench
 
 
@@ -37,6 +44,7 @@ class MethodConf:
     sync: bool = True
     replay_timeout: float = 300.0
     reset_data: bool = False
+    wait_sample_s: float = 0.2  # pg_stat_activity sampling interval (0: off)
 
     def asdict(self) -> dict:
         return dict(self.__dict__)
@@ -51,10 +59,19 @@ class Variant:
     settings: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)  # primary_disk, standby_disk, net
     meta: dict = field(default_factory=dict)
+    # optional concurrent readers: a second pgbench with `readers` clients
+    # running `reader_workload`, its sessions started with `reader_settings`
+    readers: int = 0
+    reader_workload: Workload | None = None
+    reader_settings: dict = field(default_factory=dict)
 
     def describe(self) -> dict:
-        return {"name": self.name, "group": self.group, "clients": self.clients, "settings": self.settings,
-                "env": self.env, "workload": self.workload.describe(), "meta": self.meta}
+        d = {"name": self.name, "group": self.group, "clients": self.clients, "settings": self.settings,
+             "env": self.env, "workload": self.workload.describe(), "meta": self.meta}
+        if self.readers:
+            d.update(readers=self.readers, reader_settings=self.reader_settings,
+                     reader_workload=self.reader_workload.describe() if self.reader_workload else None)
+        return d
 
 
 def apply_env(cluster, env: dict) -> None:
@@ -143,6 +160,173 @@ class ReplSampler(threading.Thread):
         return out
 
 
+WRITER_APP = "pgwal-writer"
+READER_APP = "pgwal-reader"
+
+
+class WaitSampler(threading.Thread):
+    """Samples the wait events of client backends (pg_stat_activity) on one
+    node every `interval` seconds.  Each sampled backend counts once per
+    sample under `application:state:wait_event_type:wait_event`, where an
+    active backend without a wait event is `CPU` and an idle one waiting
+    for its client is `idle` (pgbench's next statement not there yet)."""
+
+    QUERY = ("SELECT coalesce(application_name, ''), state, wait_event_type, wait_event, count(*) "
+             "FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() "
+             "GROUP BY 1, 2, 3, 4")
+
+    def __init__(self, node, interval: float = 0.2):
+        super().__init__(daemon=True)
+        self.node = node
+        self.interval = interval
+        self.counts: dict[str, int] = {}
+        self.samples = 0
+        self.stop_ev = threading.Event()
+
+    @staticmethod
+    def key(app, state, wtype, wevent) -> str:
+        role = "reader" if app == READER_APP else ("writer" if app == WRITER_APP else "other")
+        if state in ("idle", "idle in transaction") and wevent == "ClientRead":
+            what = "idle" if state == "idle" else "idle in transaction"
+        elif wtype is None:
+            what = "CPU"
+        else:
+            what = f"{wtype}:{wevent}"
+        return f"{role}:{what}"
+
+    def run(self) -> None:
+        try:
+            conn = self.node.connect()
+        except Exception:
+            return
+        with conn:
+            while not self.stop_ev.is_set():
+                try:
+                    rows = conn.execute(self.QUERY).fetchall()
+                except Exception:
+                    break
+                self.samples += 1
+                for app, state, wt, we, n in rows:
+                    k = self.key(app, state, wt, we)
+                    self.counts[k] = self.counts.get(k, 0) + int(n)
+                self.stop_ev.wait(self.interval)
+
+    def stop(self) -> dict:
+        self.stop_ev.set()
+        self.join(5)
+        return summarize_waits(self.counts, self.samples)
+
+
+def summarize_waits(counts: dict, samples: int) -> dict:
+    """Shares of backend-samples per wait key, per role (writer/reader/other)."""
+    out: dict = {"wait_samples": samples}
+    by_role: dict[str, dict[str, int]] = {}
+    for k, n in counts.items():
+        role, what = k.split(":", 1)
+        by_role.setdefault(role, {})[what] = n
+    for role, d in by_role.items():
+        tot = sum(d.values())
+        out[f"{role}_waits"] = {w: n / tot for w, n in sorted(d.items(), key=lambda kv: -kv[1])} if tot else {}
+        out[f"{role}_backends_mean"] = tot / samples if samples else None
+    return out
+
+
+def wal_counters(node) -> dict:
+    """Cumulative WAL counters of a node: pg_stat_wal (PostgreSQL 14+; up to
+    17 also wal_write/wal_sync) and, PostgreSQL 18+, pg_stat_io rows of object
+    'wal' per backend type (writes, fsyncs, write bytes).  {} if unavailable."""
+    out: dict = {}
+    try:
+        row = node.scalar("SELECT to_jsonb(w) FROM pg_stat_wal w")
+        for k in ("wal_records", "wal_fpi", "wal_bytes", "wal_buffers_full", "wal_write", "wal_sync"):
+            if row and row.get(k) is not None:
+                out[k] = float(row[k])
+    except Exception:
+        pass
+    try:
+        has = node.scalar("SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass('pg_stat_io') "
+                          "AND attname = 'write_bytes'")
+        if has:
+            io = {}
+            for bt, w, f, wb in node.sql("SELECT backend_type, coalesce(sum(writes), 0), coalesce(sum(fsyncs), 0), "
+                                         "coalesce(sum(write_bytes), 0) FROM pg_stat_io WHERE object = 'wal' "
+                                         "GROUP BY 1"):
+                io[bt] = {"writes": float(w), "fsyncs": float(f), "write_bytes": float(wb)}
+            out["io"] = io
+    except Exception:
+        pass
+    return out
+
+
+def wal_counter_deltas(before: dict, after: dict, transactions: int | None) -> dict:
+    """Run deltas of wal_counters() and per-transaction figures."""
+    out: dict = {}
+    per = (lambda v: v / transactions if transactions and v is not None else None)
+    for k in ("wal_records", "wal_fpi", "wal_buffers_full", "wal_write", "wal_sync"):
+        if k in before and k in after:
+            out[f"stat_{k}"] = after[k] - before[k]
+    if "wal_bytes" in before and "wal_bytes" in after:
+        out["stat_wal_bytes"] = after["wal_bytes"] - before["wal_bytes"]
+    if "io" in before and "io" in after:
+        by = {}
+        for bt in set(before["io"]) | set(after["io"]):
+            a, b = after["io"].get(bt, {}), before["io"].get(bt, {})
+            d = {k: a.get(k, 0.0) - b.get(k, 0.0) for k in ("writes", "fsyncs", "write_bytes")}
+            if any(d.values()):
+                by[bt] = d
+        out["wal_io_by_backend"] = by
+        out["wal_io_writes"] = sum(d["writes"] for d in by.values())
+        out["wal_io_fsyncs"] = sum(d["fsyncs"] for d in by.values())
+    elif "stat_wal_write" in out:  # before PostgreSQL 18
+        out["wal_io_writes"] = out["stat_wal_write"]
+        out["wal_io_fsyncs"] = out.get("stat_wal_sync")
+    out["wal_records_per_txn"] = per(out.get("stat_wal_records"))
+    out["wal_fpi_per_txn"] = per(out.get("stat_wal_fpi"))
+    out["wal_writes_per_txn"] = per(out.get("wal_io_writes"))
+    out["wal_fsyncs_per_txn"] = per(out.get("wal_io_fsyncs"))
+    out["txn_per_wal_fsync"] = (transactions / out["wal_io_fsyncs"]
+                                if transactions and out.get("wal_io_fsyncs") else None)
+    return out
+
+
+def _run_readers(p, pg_bin, variant: Variant, duration: float, log: bool, box: dict) -> None:
+    """Run the variant's reader pgbench (in a thread); result or error into box."""
+    try:
+        env = {"PGAPPNAME": READER_APP}
+        if variant.reader_settings:
+            env["PGOPTIONS"] = " ".join(f"-c {k}={v}" for k, v in variant.reader_settings.items())
+        box["res"] = run_pgbench(p, pg_bin, variant.reader_workload, variant.readers, duration=duration, log=log,
+                                 env=env, threads=1)
+    except Exception as e:  # re-raised by the caller
+        box["err"] = e
+
+
+def run_with_readers(p, pg_bin, variant: Variant, duration: float, log: bool = True) -> dict:
+    """The variant's writer pgbench, with its reader pgbench alongside when it has readers."""
+    if not variant.readers:
+        return run_pgbench(p, pg_bin, variant.workload, variant.clients, duration=duration, log=log,
+                           env={"PGAPPNAME": WRITER_APP})
+    box: dict = {}
+    t = threading.Thread(target=_run_readers, args=(p, pg_bin, variant, duration, log, box), daemon=True)
+    t.start()
+    try:
+        res = run_pgbench(p, pg_bin, variant.workload, variant.clients, duration=duration, log=log,
+                          env={"PGAPPNAME": WRITER_APP})
+    finally:
+        t.join(duration + 150)
+    if "err" in box:
+        raise box["err"]
+    r = box.get("res")
+    if r is None:
+        raise LabError("reader pgbench did not finish")
+    res.update({"read_tps": r["tps"], "read_transactions": r["transactions"], "read_failed": r["failed"],
+                "read_clients": variant.readers})
+    if log:
+        res.update({"read_lat_mean_ms": r["lat_mean_ms"], "read_lat_p50_ms": r["lat_p50_ms"],
+                    "read_lat_p99_ms": r["lat_p99_ms"]})
+    return res
+
+
 def _walsender_pids(cluster) -> list[int]:
     pids = []
     for n in cluster.nodes.values():
@@ -225,7 +409,7 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
     pg_bin = cluster.spec.bin_dir
     p = cluster.primary
     if conf.warmup > 0:
-        run_pgbench(p, pg_bin, variant.workload, variant.clients, duration=conf.warmup, log=False)
+        run_with_readers(p, pg_bin, variant, conf.warmup, log=False)
     ws, wr = _walsender_pids(cluster), _walreceiver_pids(cluster)
     cpu_ws0, cpu_wr0 = _cpu(ws), _cpu(wr)
     pio0 = _io(ws)
@@ -233,17 +417,30 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
     lsn0 = cluster.current_lsn()
     time.sleep(0.25)  # proxy counters are refreshed every 200 ms
     px0 = _proxy_counters(cluster)
+    wal0 = wal_counters(p)
     sampler = ReplSampler(cluster) if cluster.standbys else None
     if sampler:
         sampler.start()
+    waits = WaitSampler(p, conf.wait_sample_s) if conf.wait_sample_s else None
+    if waits:
+        waits.start()
+    load0 = os.getloadavg()[0]
+    hc0 = host_cpu_times()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     try:
-        res = run_pgbench(p, pg_bin, variant.workload, variant.clients, duration=conf.duration)
+        res = run_with_readers(p, pg_bin, variant, conf.duration)
     finally:
         lags = sampler.stop() if sampler else {}
+        wait_summary = waits.stop() if waits else {}
     elapsed = time.monotonic() - t0
+    hc1 = host_cpu_times()
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     lsn1 = cluster.current_lsn()
-    time.sleep(0.25)
+    # exited backends have reported their statistics; give the WAL writer a
+    # moment to report its own (it does so on its next cycle)
+    time.sleep(0.5)
+    wal1 = wal_counters(p)
     px1 = _proxy_counters(cluster)
     up = [px1[k]["up_chunks"] - px0[k]["up_chunks"] for k in px1 if k in px0]
     down = [px1[k]["down_chunks"] - px0[k]["down_chunks"] for k in px1 if k in px0]
@@ -257,6 +454,15 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
     t1 = time.monotonic()
     cluster.wait_replay(timeout=conf.replay_timeout, lsn=lsn1)
     res.update(lags)
+    res.update(wait_summary)
+    # whole machine (servers, pgbench, and whatever else runs here)
+    res["loadavg_1m_before"] = load0
+    # pgbench processes of this run (children reaped during it), % of one core
+    res["pgbench_cpu_pct"] = ((ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime) / elapsed * 100
+                              if elapsed > 0 else None)
+    res["host_cpu_busy_pct"] = ((hc1[0] - hc0[0]) / (hc1[1] - hc0[1]) * 100
+                                if hc0 and hc1 and hc1[1] > hc0[1] else None)
+    res.update(wal_counter_deltas(wal0, wal1, res.get("transactions")))
     res.update({
         "elapsed_s": elapsed,
         "wal_bytes": wal,

@@ -103,13 +103,18 @@ def tps_plot(scenario: str, groups: dict, out: Path) -> Path:
     return path
 
 
-def hot_counter_plot(groups: dict, out: Path) -> Path:
-    """TPS (median, 95% CI) against clients, one panel per fsync latency, one line per level."""
+def hot_counter_plot(groups: dict, out: Path, scenario: str = "hot-counter") -> Path | None:
+    """TPS (median, 95% CI) against clients, one panel per fsync latency, one
+    line per level (groups without reader clients only)."""
     series: dict = {}
     for variants in groups.values():
         for v, recs in variants.items():
             meta = recs[0]["variant_config"].get("meta", {})
+            if meta.get("readers"):
+                continue
             series.setdefault(meta.get("fsync_ms"), {}).setdefault(v, []).append((meta.get("clients"), recs))
+    if not series:
+        return None
     fig, axes = plt.subplots(1, len(series), figsize=(4.2 * len(series) + 0.5, 3.4), squeeze=False)
     for ax, (fs, levels) in zip(axes[0], sorted(series.items(), key=lambda kv: kv[0] or 0)):
         for level, pts in levels.items():
@@ -135,7 +140,7 @@ def hot_counter_plot(groups: dict, out: Path) -> Path:
         ax.set_title(f"primary WAL fsync +{fs:g} ms", fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    path = out / "hot-counter-clients.png"
+    path = out / f"{scenario}-clients.png"
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
@@ -221,6 +226,61 @@ def wal_section(variants: dict, out: Path) -> list[str]:
     return lines
 
 
+def top_waits(recs, role: str = "writer", n: int = 4) -> str:
+    """Mean share of sampled backends per wait event over the runs, top n."""
+    acc: dict[str, float] = {}
+    runs = [r["metrics"].get(f"{role}_waits") for r in recs if r["metrics"].get(f"{role}_waits")]
+    for w in runs:
+        for k, v in w.items():
+            acc[k] = acc.get(k, 0.0) + v / len(runs)
+    top = sorted(acc.items(), key=lambda kv: -kv[1])[:n]
+    return ", ".join(f"{k} {v * 100:.0f}%" for k, v in top) or "–"
+
+
+def fsyncs_by_backend(recs) -> str:
+    """Median WAL fsyncs per writer transaction by backend type (pg_stat_io)."""
+    types = sorted({bt for r in recs for bt in (r["metrics"].get("wal_io_by_backend") or {})})
+    parts = []
+    for bt in types:
+        v = [r["metrics"]["wal_io_by_backend"].get(bt, {}).get("fsyncs", 0.0) / r["metrics"]["transactions"]
+             for r in recs if r["metrics"].get("wal_io_by_backend") is not None and r["metrics"].get("transactions")]
+        if v and float(np.median(v)) > 0:
+            parts.append(f"{bt} {float(np.median(v)):.4f}")
+    return ", ".join(parts) or "–"
+
+
+def wal_wait_section(variants: dict) -> list[str]:
+    """WAL I/O per transaction (pg_stat_wal, pg_stat_io) and where clients wait (pg_stat_activity samples)."""
+    if not any(r["metrics"].get("wait_samples") is not None or r["metrics"].get("wal_fsyncs_per_txn") is not None
+               for recs in variants.values() for r in recs):
+        return []
+    lines = ["", "WAL I/O per writer transaction and where the clients were (medians over runs; waits: mean share "
+             "of pg_stat_activity samples of the writer clients, `idle` = waiting for pgbench's next "
+             "statement; CPU: whole machine and the pgbench processes, % of one core):", "",
+             "| variant | WAL fsyncs/txn | txn per fsync | fsyncs/txn by backend | WAL writes/txn | WAL records/txn "
+             "| FPI/txn | wal_buffers_full | machine CPU busy % | pgbench CPU % | writer waits |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for v, recs in variants.items():
+        lines.append(f"| {v} | {_fmt(_med(recs, 'wal_fsyncs_per_txn'), 4)} | {_fmt(_med(recs, 'txn_per_wal_fsync'), 1)} "
+                     f"| {fsyncs_by_backend(recs)} | {_fmt(_med(recs, 'wal_writes_per_txn'), 4)} "
+                     f"| {_fmt(_med(recs, 'wal_records_per_txn'), 2)} | {_fmt(_med(recs, 'wal_fpi_per_txn'), 4)} "
+                     f"| {_fmt(_med(recs, 'stat_wal_buffers_full'), 0)} | {_fmt(_med(recs, 'host_cpu_busy_pct'), 0)} "
+                     f"| {_fmt(_med(recs, 'pgbench_cpu_pct'), 0)} | {top_waits(recs)} |")
+    if any(r["metrics"].get("read_tps") is not None for recs in variants.values() for r in recs):
+        lines += ["", "Reader clients (second pgbench, `SELECT` of the counter):", "",
+                  "| variant | readers | read TPS median | read TPS 95% CI | read lat p50 ms | read lat p99 ms "
+                  "| reader waits |", "|---|---|---|---|---|---|---|"]
+        for v, recs in variants.items():
+            rt = _vals(recs, "read_tps")
+            if not rt:
+                continue
+            lo, hi = stats.bootstrap_median_ci(rt)
+            lines.append(f"| {v} | {recs[0]['metrics'].get('read_clients')} | {_fmt(float(np.median(rt)))} | "
+                         f"{_fmt(lo)}–{_fmt(hi)} | {_fmt(_med(recs, 'read_lat_p50_ms'), 3)} | "
+                         f"{_fmt(_med(recs, 'read_lat_p99_ms'), 3)} | {top_waits(recs, 'reader')} |")
+    return lines
+
+
 def render(records: list[dict], out: Path, title: str | None = None) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -256,6 +316,7 @@ def render(records: list[dict], out: Path, title: str | None = None) -> Path:
                     f"{_fmt(_med(recs, 'flush_lag_ms_mean'), 2)} | {_fmt(_med(recs, 'replay_lag_ms_mean'), 2)} | "
                     f"{_fmt(_med(recs, 'walsender_cpu_pct'))} | {_fmt(_med(recs, 'walreceiver_cpu_pct'))} | "
                     f"{_fmt(_med(recs, 'walsender_wal_reads'), 0)} | {_fmt(_med(recs, 'reply_chunks_per_s'), 0)} |")
+            lines += wal_wait_section(variants)
             changed = sum(1 for recs in variants.values() for r in recs if r["metrics"].get("repl_process_changes"))
             if changed:
                 lines += ["", f"Note: in {changed} run(s) a walsender or walreceiver was replaced during the run "
@@ -272,11 +333,14 @@ def render(records: list[dict], out: Path, title: str | None = None) -> Path:
                     lines.append(f"| {v} | {base} | {_fmt(c['ratio'], 3)} | {_fmt(c['ci_low'], 3)}–"
                                  f"{_fmt(c['ci_high'], 3)} | {_fmt(c['p'], 3)} | {c['verdict']} |")
             lines.append("")
+        if scenario in ("hot-counter", "tpcb-simple"):
+            plot = hot_counter_plot(groups, out, scenario)
+            if plot:
+                lines += [f"![{scenario} by clients]({plot.name})", ""]
         if scenario == "hot-counter":
             lines += ["Published reference (2018, 128 clients, ~0.2 ms fsync, other hardware): 1283 TPS `on`, "
                       "2611 `off`, 3321 with early lock release. With one hot row the row lock is held across "
                       "the commit flush, so `on` is bounded by ~1 / (flush latency + hand-off).", ""]
-            lines += [f"![hot-counter by clients]({hot_counter_plot(groups, out).name})", ""]
         if len(groups) <= 8:
             lines += [f"![{scenario}]({tps_plot(scenario, groups, out).name})", ""]
     path = out / "report.md"

@@ -117,6 +117,16 @@ def proc_cpu_seconds(pid: int) -> float | None:
         return None
 
 
+def host_cpu_times() -> tuple[float, float] | None:
+    """(busy, total) jiffies of all CPUs from /proc/stat (busy = total - idle - iowait)."""
+    try:
+        f = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        total = sum(f[:8])  # user nice system idle iowait irq softirq steal (guest is in user)
+        return float(total - f[3] - f[4]), float(total)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def netdelay_binary() -> Path:
     env = os.environ.get("PGWAL_NETDELAY")
     cands = [Path(env)] if env else []

@@ -61,6 +61,11 @@ def hot_counter() -> Workload:
     )
 
 
+def counter_reader() -> Workload:
+    """Reads the hot counter (one SELECT per transaction)."""
+    return Workload("counter-reader", script="SELECT counter FROM counters WHERE id = 0;\n")
+
+
 def large_txn(rows: int = 80, row_bytes: int = 8000, tables: int = 32) -> Workload:
     """`rows` rows of `row_bytes` bytes into one of `tables` tables per
     transaction.  The payload repeats an md5, so TOAST compresses it:
@@ -117,8 +122,9 @@ def latency_summary(lat_us: np.ndarray) -> dict:
 
 def run_pgbench(node, pg_bin: Path, wl: Workload, clients: int, duration: float | None = None,
                 transactions: int | None = None, threads: int | None = None, log: bool = True,
-                extra: list[str] | None = None, timeout: float | None = None) -> dict:
-    """Run pgbench against `node`; returns tps, transactions and latency stats."""
+                extra: list[str] | None = None, timeout: float | None = None, env: dict | None = None) -> dict:
+    """Run pgbench against `node`; returns tps, transactions and latency stats.
+    `env` adds environment variables (e.g. PGAPPNAME, PGOPTIONS)."""
     threads = threads or max(1, min(clients, os.cpu_count() or 2))
     with tempfile.TemporaryDirectory(prefix="pgwal-pgbench-") as tmp:
         cmd = [str(pg_bin / "pgbench"), "-n", "-c", str(clients), "-j", str(threads), "-M", wl.protocol]
@@ -139,7 +145,8 @@ def run_pgbench(node, pg_bin: Path, wl: Workload, clients: int, duration: float 
         cmd += list(extra or []) + node.pgbench_conn_args() + ["postgres"]
         limit = timeout or ((duration or 0) + 120 if duration else 600)
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, cwd=tmp)
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, cwd=tmp,
+                               env={**os.environ, **env} if env else None)
         except subprocess.TimeoutExpired as e:
             raise LabError(f"pgbench exceeded {limit}s") from e
         if p.returncode != 0:

@@ -21,6 +21,11 @@ def test_scenario_smoke(name, pg_bin, tmp_path):
             assert m["tps"] and m["tps"] > 0
             assert m["lat_p50_ms"] is not None and m["lat_p99_ms"] >= m["lat_p50_ms"]
             assert m["wal_bytes"] > 0
+            # WAL counters (pg_stat_wal; fsyncs from pg_stat_io on 18, pg_stat_wal before)
+            assert m["stat_wal_records"] > 0 and m["wal_records_per_txn"] > 0
+            assert m["wal_fsyncs_per_txn"] is not None
+            assert m["wait_samples"] > 0 and m["writer_waits"]
+            assert m["host_cpu_busy_pct"] is not None and m["pgbench_cpu_pct"] > 0
     text = (out / "report.md").read_text()
     assert f"## {name}" in text
     assert list(out.glob("*.png"))
@@ -31,3 +36,26 @@ def test_scenario_smoke(name, pg_bin, tmp_path):
     # nothing new left behind (another lab run may be live on this machine)
     after = lab_leftovers()
     assert all(set(after[k]) <= set(before[k]) for k in after), (before, after)
+
+
+def test_hot_counter_readers_smoke(pg_bin, tmp_path):
+    """Reader clients run beside the writers; with durable_snapshots (patched
+    server) a '+durable_readers' level gives only the readers the setting."""
+    from pgwal_lab import topology
+
+    ds = "durable_snapshots" in topology.server_settings_sample(pg_bin)
+    levels = ["on", "local_non_durable_reads+durable_readers"] if ds else ["on", "off"]
+    records, out = run_scenario("hot-counter", pg_bin, {"readers": [2], "levels": levels}, smoke=True,
+                                results=tmp_path, max_minutes=5, quiet=True)
+    assert {r["variant"] for r in records} == set(levels)
+    for r in records:
+        m = r["metrics"]
+        assert m["tps"] > 0 and m["read_tps"] > 0 and m["read_clients"] == 2
+        assert m["read_lat_p50_ms"] is not None
+        assert r["group"].endswith("2 readers")
+        assert r["variant_config"]["readers"] == 2
+        if r["variant"].endswith("+durable_readers"):
+            assert r["variant_config"]["reader_settings"] == {"durable_snapshots": "on"}
+            assert r["variant_config"]["settings"] == {"synchronous_commit": "local_non_durable_reads"}
+    text = (out / "report.md").read_text()
+    assert "Reader clients" in text and "WAL fsyncs/txn" in text

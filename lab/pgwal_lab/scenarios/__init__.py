@@ -52,16 +52,18 @@ def as_list(v) -> list:
 def method_conf(params: dict) -> MethodConf:
     return MethodConf(iterations=int(params["iterations"]), duration=float(params["duration"]),
                       warmup=float(params["warmup"]), settle=float(params["settle"]),
-                      reset_data=bool(params.get("reset_data", False)))
+                      reset_data=bool(params.get("reset_data", False)),
+                      wait_sample_s=float(params.get("wait_sample_s", 0.2)))
 
 
 def get(name: str):
-    from . import hot_counter, large_txn, sync_modes, wal_volume
+    from . import hot_counter, large_txn, sync_modes, tpcb_simple, wal_volume
 
-    mods = {"sync-modes": sync_modes, "hot-counter": hot_counter, "wal-volume": wal_volume, "large-txn": large_txn}
+    mods = {"sync-modes": sync_modes, "hot-counter": hot_counter, "tpcb-simple": tpcb_simple,
+            "wal-volume": wal_volume, "large-txn": large_txn}
     if name not in mods:
         raise LabError(f"unknown scenario {name!r} (known: {', '.join(mods)})")
     return mods[name]
 
 
-NAMES = ["sync-modes", "hot-counter", "wal-volume", "large-txn"]
+NAMES = ["sync-modes", "hot-counter", "tpcb-simple", "wal-volume", "large-txn"]

@@ -1,42 +1,111 @@
 """hot-counter: one-row counter UPDATE on a primary alone, for several
 client counts and primary WAL fsync latencies (shim on pg_wal only),
 comparing synchronous_commit 'on' vs 'off' (and local_non_durable_reads
-when the server has it).  One group per (fsync, clients)."""
+when the server has it).  One group per (fsync, clients, readers).
+
+A level may carry modifiers after '+': `+durable_snapshots` sets
+durable_snapshots = on for every session (ALTER SYSTEM: the writers'
+UPDATE snapshots wait for early-released commits too), `+durable_readers`
+only for the reader clients (their sessions start with it), and
+`+commit_early_release` sets commit_early_release = on.  `readers` (a list,
+default 0) adds that many clients running `SELECT counter` in a second
+pgbench alongside the writers; their TPS and latency are reported as
+read_*, the writers' as tps/lat_*.  `+durable_readers` variants are only
+run in groups with readers."""
 from __future__ import annotations
 
 from .. import topology
 from ..method import Variant, run_groups
-from ..workloads import hot_counter
+from ..util import LabError
+from ..workloads import Workload, counter_reader, hot_counter
 from . import Context, as_list, method_conf, sync_levels
 
 NAME = "hot-counter"
-DEFAULTS = {"clients": [1, 8, 32, 64, 128], "fsync_ms": [0.2, 1, 10], "levels": "auto",
+DEFAULTS = {"clients": [1, 8, 32, 64, 128], "fsync_ms": [0.2, 1, 10], "levels": "auto", "readers": [0],
             "iterations": 10, "duration": 20, "warmup": 3, "settle": 5}
 SMOKE = {"clients": [4], "fsync_ms": [1], "iterations": 1, "duration": 1, "warmup": 0, "settle": 0}
+
+MODIFIERS = {"durable_snapshots": ("settings", "durable_snapshots", "on"),
+             "durable_readers": ("reader_settings", "durable_snapshots", "on"),
+             "commit_early_release": ("settings", "commit_early_release", "on")}
 
 
 def disk_for(fsync_ms: float) -> str:
     return f"fsync={int(round(float(fsync_ms) * 1000))},match=pg_wal"
 
 
-def run(ctx: Context, params: dict) -> list[dict]:
+def parse_level(level: str) -> tuple[dict, dict]:
+    """'local_non_durable_reads+durable_readers' -> (writer settings, reader session settings)."""
+    base, *mods = [x.strip() for x in str(level).split("+")]
+    settings, reader = {"synchronous_commit": base}, {}
+    for m in mods:
+        if m not in MODIFIERS:
+            raise LabError(f"unknown level modifier {m!r} in {level!r} (known: {', '.join(MODIFIERS)})")
+        where, guc, val = MODIFIERS[m]
+        (settings if where == "settings" else reader)[guc] = val
+    return settings, reader
+
+
+def level_settings(levels: list[str]) -> dict[str, tuple[dict, dict]]:
+    """Settings per level; a GUC that any level sets is set explicitly (to
+    off) by every other level, so ALTER SYSTEM from one variant never leaks
+    into the next."""
+    parsed = {lvl: parse_level(lvl) for lvl in levels}
+    gucs = {g for s, _ in parsed.values() for g in s if g != "synchronous_commit"}
+    for s, _ in parsed.values():
+        for g in gucs:
+            s.setdefault(g, "off")
+    return parsed
+
+
+def matrix_variants(levels: list[str], fsyncs: list[float], clients: list, readers: list, wl: Workload,
+                    reader_wl: Workload | None = None) -> list[Variant]:
+    parsed = level_settings(levels)
+    out = []
+    for f in fsyncs:
+        for c in clients:
+            for r in readers:
+                r = int(r)
+                group = f"fsync {f:g} ms, {int(c)} clients" + (f", {r} readers" if r else "")
+                for lvl in levels:
+                    settings, rset = parsed[lvl]
+                    if rset and not r:
+                        continue  # reader-only settings without readers: same as the base level
+                    out.append(Variant(lvl, group, wl, int(c), dict(settings), {"primary_disk": disk_for(f)},
+                                       {"level": lvl, "fsync_ms": f, "clients": int(c), "readers": r},
+                                       readers=r, reader_workload=reader_wl if r else None,
+                                       reader_settings=dict(rset)))
+    return out
+
+
+def resolve_levels(params: dict, cluster) -> list[str]:
+    if params["levels"] == "auto":
+        avail = sync_levels(cluster.primary)
+        return ["on", "off"] + [l for l in ("local_non_durable_reads",) if l in avail]
+    return [str(x) for x in as_list(params["levels"])]
+
+
+def run_matrix(ctx: Context, params: dict, name: str, wl: Workload, reader_wl: Workload | None = None,
+               disk_mb: int | None = None) -> list[dict]:
+    """Shared by hot-counter and tpcb-simple: a primary alone, one group per
+    (fsync, clients, readers), the levels interleaved within each group."""
     fs = [float(x) for x in as_list(params["fsync_ms"])]
     spec = topology.ClusterSpec(bin_dir=ctx.bin_dir, primary_disk=disk_for(fs[0]))
-    wl = hot_counter()
+    if disk_mb:
+        spec.disk_mb = int(disk_mb)
     conf = method_conf(params)
+    readers = as_list(params.get("readers", [0]))
     with topology.Cluster(spec) as cluster:
-        if params["levels"] == "auto":
-            avail = sync_levels(cluster.primary)
-            levels = ["on", "off"] + [l for l in ("local_non_durable_reads",) if l in avail]
-        else:
-            levels = as_list(params["levels"])
-        variants = [Variant(lvl, f"fsync {f:g} ms, {c} clients", wl, int(c), {"synchronous_commit": lvl},
-                            {"primary_disk": disk_for(f)}, {"level": lvl, "fsync_ms": f, "clients": int(c)})
-                    for f in fs for c in as_list(params["clients"]) for lvl in levels]
+        levels = resolve_levels(params, cluster)
+        variants = matrix_variants(levels, fs, as_list(params["clients"]), readers, wl, reader_wl)
         if ctx.set_total:
             ctx.set_total(len(variants) * conf.iterations, conf)
-        ctx.log(f"{NAME}: levels {levels}, fsync {fs} ms, clients {params['clients']}")
+        ctx.log(f"{name}: levels {levels}, fsync {fs} ms, clients {params['clients']}, readers {readers}")
         wl.init(cluster.primary, ctx.bin_dir)
         common = dict(ctx.common, server_version=cluster.server_version(), topology="primary alone",
                       namespaces=cluster.use_ns, params=params)
-        return run_groups(cluster, variants, conf, ctx.store, NAME, ctx.run_id, common, ctx.progress, ctx.deadline)
+        return run_groups(cluster, variants, conf, ctx.store, name, ctx.run_id, common, ctx.progress, ctx.deadline)
+
+
+def run(ctx: Context, params: dict) -> list[dict]:
+    return run_matrix(ctx, params, NAME, hot_counter(), counter_reader())
