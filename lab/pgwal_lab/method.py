@@ -82,6 +82,17 @@ def apply_env(cluster, env: dict) -> None:
             s.set_disk(env["standby_disk"])
         if "net" in env and s.net_profile.name != env["net"]:
             s.set_net(env["net"])
+        # standby_settings: reloadable settings of every standby (ALTER SYSTEM)
+        for k, v in (env.get("standby_settings") or {}).items():
+            if str(s.scalar(f"SHOW {k}")) != str(v):
+                with s.connect() as c:
+                    c.execute(f"ALTER SYSTEM SET {k} = '{v}'")
+                    c.execute("SELECT pg_reload_conf()")
+                deadline = time.monotonic() + 10
+                while str(s.scalar(f"SHOW {k}")) != str(v):
+                    if time.monotonic() > deadline:
+                        raise LabError(f"standby setting {k}={v} not applied")
+                    time.sleep(0.05)
     cluster.wait_streaming()
 
 

@@ -33,6 +33,14 @@ def test_scenario_smoke(name, pg_bin, tmp_path):
     if name == "sync-modes":
         levels = {r["variant"] for r in records}
         assert {"local", "remote_write", "on", "remote_apply", "off"} <= levels
+        from pgwal_lab import topology
+        if "wal_receiver_flush_worker" in topology.server_settings_sample(pg_bin):
+            # each waiting level also runs with the standby's flush worker on
+            assert {"remote_write+fw", "on+fw", "remote_apply+fw"} <= levels
+            assert not {"local+fw", "off+fw"} & levels
+            fw = {r["variant"]: r["variant_config"]["env"]["standby_settings"] for r in records}
+            assert fw["on+fw"] == {"wal_receiver_flush_worker": "on"}
+            assert fw["on"] == {"wal_receiver_flush_worker": "off"}
     # nothing new left behind (another lab run may be live on this machine)
     after = lab_leftovers()
     assert all(set(after[k]) <= set(before[k]) for k in after), (before, after)

@@ -5,7 +5,9 @@ across three environments:
   lan-slow-standby  LAN link, standby disk 'slow-write' (+2 ms fsync, +0.3 ms pwrite)
   wan20             ~20 ms RTT link (10 ms each way), nvme disks
 On the patched server the standby's wal_receiver_reply_events defaults to
-'receive, flush' (--set reply_events=receive,write,flush to change it).
+'receive, flush' (--set reply_events=receive,write,flush to change it), and
+each level runs with the standby's wal_receiver_flush_worker off and on
+(variant names 'LEVEL' and 'LEVEL+fw'; --set flush_worker=off|on|off,on).
 Levels are discovered from pg_settings, so a patched server's new levels
 (e.g. remote_receive) join automatically."""
 from __future__ import annotations
@@ -17,12 +19,15 @@ from ..workloads import WORKLOADS, tpcb
 from . import Context, as_list, method_conf, sync_levels
 
 NAME = "sync-modes"
+# levels that do not wait for the standby: the flush worker cannot matter
+LOCAL_LEVELS = ("off", "local", "local_non_durable_reads")
 PROFILES = {
     "lan-fast": {"net": "lan", "primary_disk": "nvme", "standby_disk": "nvme"},
     "lan-slow-standby": {"net": "lan", "primary_disk": "nvme", "standby_disk": "slow-write"},
     "wan20": {"net": "wan20", "primary_disk": "nvme", "standby_disk": "nvme"},
 }
 DEFAULTS = {"levels": "auto", "profiles": list(PROFILES), "workload": "tpcb", "scale": 10, "clients": 4,
+            "flush_worker": "auto",
             "iterations": 10, "duration": 30, "warmup": 5, "settle": 10}
 SMOKE = {"profiles": ["lan-fast"], "scale": 1, "clients": 2, "iterations": 1, "duration": 1, "warmup": 0,
          "settle": 0}
@@ -56,12 +61,27 @@ def run(ctx: Context, params: dict) -> list[dict]:
     conf = method_conf(params)
     with topology.Cluster(spec) as cluster:
         levels = sync_levels(cluster.primary) if params["levels"] == "auto" else as_list(params["levels"])
+        # flush_worker: the standby's wal_receiver_flush_worker (patched server only)
+        has_fw = cluster.standbys[0].scalar(
+            "SELECT count(*) FROM pg_settings WHERE name = 'wal_receiver_flush_worker'") == 1
+        fw_param = params.get("flush_worker", "auto")
+        fws = (["off", "on"] if has_fw else ["off"]) if fw_param == "auto" else as_list(fw_param)
+        if not has_fw and fws != ["off"]:
+            raise LabError("this server has no wal_receiver_flush_worker")
         # interleave_profiles: one group, so environments alternate run by run
         # (each switch restarts the standby/proxy); default: one group per profile
         one_group = bool(params.get("interleave_profiles"))
-        variants = [Variant(f"{prof}/{lvl}" if one_group else lvl, "all profiles" if one_group else prof, wl, int(params["clients"]), {"synchronous_commit": lvl}, known[prof],
-                            {"level": lvl, "profile": prof})
-                    for prof in profiles for lvl in levels]
+        def env(prof, fw):
+            return {**known[prof], "standby_settings": {"wal_receiver_flush_worker": fw}} if has_fw else known[prof]
+
+        def vname(prof, lvl, fw):
+            name = lvl + ("+fw" if fw == "on" else "")
+            return f"{prof}/{name}" if one_group else name
+        variants = [Variant(vname(prof, lvl, fw), "all profiles" if one_group else prof, wl, int(params["clients"]),
+                            {"synchronous_commit": lvl}, env(prof, fw),
+                            {"level": lvl, "profile": prof, "flush_worker": fw})
+                    for prof in profiles for lvl in levels for fw in fws
+                    if fw == "off" or lvl not in LOCAL_LEVELS]
         if ctx.set_total:
             ctx.set_total(len(variants) * conf.iterations, conf)
         ctx.log(f"{NAME}: levels {levels}, profiles {profiles}, server {cluster.server_version()}")
