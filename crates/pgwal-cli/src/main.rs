@@ -1,6 +1,7 @@
-//! `pgwal`: stream PostgreSQL logical changes as JSON lines, manage slots.
+//! `pgwal`: stream PostgreSQL logical changes as JSON lines, receive physical WAL, manage slots.
 
 mod json;
+mod receive_cmd;
 mod slot_cmd;
 mod stream_cmd;
 
@@ -8,7 +9,8 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-/// Stream PostgreSQL logical replication changes (pgoutput) as JSON lines.
+/// Stream PostgreSQL logical replication changes (pgoutput) as JSON lines,
+/// or physical WAL into segment files.
 #[derive(Parser, Debug)]
 #[command(name = "pgwal", version, about, long_about = None)]
 struct Cli {
@@ -28,6 +30,8 @@ enum Command {
     /// begin and commit lines; positions are acknowledged only after the
     /// output was written and flushed.
     Stream(stream_cmd::StreamArgs),
+    #[command(about = receive_cmd::ABOUT, long_about = receive_cmd::LONG_ABOUT)]
+    Receive(receive_cmd::ReceiveArgs),
     /// Manage logical replication slots.
     #[command(subcommand)]
     Slot(SlotCommand),
@@ -77,6 +81,7 @@ fn main() -> ExitCode {
         let config = pgwal::Config::parse(&cli.conninfo)?;
         match cli.command {
             Command::Stream(a) => stream_cmd::run(config, a).await,
+            Command::Receive(a) => receive_cmd::run(config, a).await,
             Command::Slot(SlotCommand::Create(a)) => slot_cmd::create(config, &a.name, a.two_phase, a.failover).await,
             Command::Slot(SlotCommand::Drop(a)) => slot_cmd::drop(config, &a.name, a.wait).await,
             Command::Slot(SlotCommand::List) => slot_cmd::list(config).await,

@@ -7,7 +7,8 @@
 //!   (XLogData, primary keepalive, standby status update, hot standby feedback);
 //! * [`pgoutput`], a decoder and an encoder for every message of the `pgoutput`
 //!   plugin, protocol versions 1 to 4 (streaming and two-phase included);
-//! * [`PgTimestamp`], PostgreSQL's microseconds-since-2000 timestamps.
+//! * [`PgTimestamp`], PostgreSQL's microseconds-since-2000 timestamps;
+//! * [`walfile`], WAL segment and timeline history file names.
 //!
 //! Decoding never panics on malformed input: every failure is a [`DecodeError`].
 //!
@@ -42,6 +43,7 @@ mod lsn;
 pub mod pgoutput;
 pub mod replication;
 mod timestamp;
+pub mod walfile;
 
 pub use error::DecodeError;
 pub use lsn::{Lsn, ParseLsnError};

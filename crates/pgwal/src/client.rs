@@ -9,7 +9,8 @@ use postgres_protocol::message::frontend;
 use tokio::io::{split, AsyncWriteExt, ReadHalf, WriteHalf};
 
 use crate::commands::{
-    quote_literal, validate_slot_name, CreateSlotOptions, IdentifySystem, SlotInfo, SlotSnapshot, TimelineHistory,
+    quote_literal, validate_slot_name, CreateSlotOptions, IdentifySystem, NextTimeline, SlotInfo, SlotSnapshot,
+    TimelineHistory,
 };
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -76,16 +77,23 @@ impl std::fmt::Debug for ReplicationClient {
 impl ReplicationClient {
     /// Connects, negotiates TLS, authenticates.
     pub async fn connect(config: &Config) -> Result<ReplicationClient> {
-        Self::connect_mode(config, true).await
+        Self::connect_mode(config, Some("database")).await
+    }
+
+    /// Connects in physical replication mode (`replication=true`): no
+    /// database, matched by `replication` lines of `pg_hba.conf`; accepts
+    /// replication commands and `SHOW`, not SQL.
+    pub async fn connect_physical(config: &Config) -> Result<ReplicationClient> {
+        Self::connect_mode(config, Some("true")).await
     }
 
     /// Connects without replication mode (a normal SQL session), e.g. for
     /// reading a snapshot.
     pub async fn connect_sql(config: &Config) -> Result<ReplicationClient> {
-        Self::connect_mode(config, false).await
+        Self::connect_mode(config, None).await
     }
 
-    async fn connect_mode(config: &Config, replication: bool) -> Result<ReplicationClient> {
+    async fn connect_mode(config: &Config, replication: Option<&str>) -> Result<ReplicationClient> {
         let t = socket::connect(config).await?;
         let (r, mut w) = split(t.io);
         let mut reader = FrameReader::new(r);
@@ -138,11 +146,7 @@ impl ReplicationClient {
                     rows.clear();
                 }
                 Backend::Other(Message::DataRow(d)) => {
-                    let buf = d.buffer();
-                    let values: Vec<Option<String>> = d
-                        .ranges()
-                        .map(|r| Ok(r.map(|r| String::from_utf8_lossy(&buf[r]).into_owned())))
-                        .collect()?;
+                    let values = text_values(&d)?;
                     rows.push(SimpleRow {
                         columns: columns.clone(),
                         values,
@@ -325,6 +329,115 @@ impl ReplicationClient {
             }),
         }
     }
+
+    /// `SHOW name` (works on physical replication connections too).
+    pub async fn show(&mut self, name: &str) -> Result<String> {
+        if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.') {
+            return Err(Error::Config {
+                key: name.to_owned(),
+                reason: "not a setting name",
+            });
+        }
+        let rows = self.simple_query(&format!("SHOW {name}")).await?;
+        Ok(rows.first().and_then(|r| r.get_index(0)).ok_or(Error::BadResult("SHOW"))?.to_owned())
+    }
+
+    /// `CREATE_REPLICATION_SLOT name [TEMPORARY] PHYSICAL (RESERVE_WAL true)`:
+    /// a physical slot whose `restart_lsn` follows the flush position
+    /// reported by the receiver streaming through it.
+    pub async fn create_physical_slot(&mut self, name: &str, temporary: bool) -> Result<SlotInfo> {
+        validate_slot_name(name)?;
+        let temp = if temporary { " TEMPORARY" } else { "" };
+        let rows = self
+            .simple_query(&format!("CREATE_REPLICATION_SLOT {name}{temp} PHYSICAL (RESERVE_WAL true)"))
+            .await?;
+        let r = rows.first().ok_or(Error::BadResult("CREATE_REPLICATION_SLOT"))?;
+        Ok(SlotInfo {
+            slot_name: r.get("slot_name").unwrap_or(name).to_owned(),
+            consistent_point: r.get("consistent_point").and_then(|l| l.parse().ok()).unwrap_or_default(),
+            snapshot_name: None,
+            output_plugin: None,
+        })
+    }
+
+    /// Sends `START_REPLICATION [SLOT slot] PHYSICAL start [TIMELINE tli]`.
+    ///
+    /// `Ok(None)`: the server entered CopyBoth mode and streams WAL.
+    /// `Ok(Some(next))`: `timeline` ended exactly at `start`, the server
+    /// answered with the next timeline at once (no streaming).
+    pub async fn start_physical_replication(
+        &mut self,
+        slot: Option<&str>,
+        start: Lsn,
+        timeline: Option<u32>,
+    ) -> Result<Option<NextTimeline>> {
+        let mut sql = String::from("START_REPLICATION");
+        if let Some(slot) = slot {
+            validate_slot_name(slot)?;
+            sql.push_str(&format!(" SLOT {slot}"));
+        }
+        sql.push_str(&format!(" PHYSICAL {start}"));
+        if let Some(t) = timeline {
+            sql.push_str(&format!(" TIMELINE {t}"));
+        }
+        self.send_query(&sql).await?;
+        match self.reader.read_ok().await? {
+            Backend::CopyBothResponse => Ok(None),
+            Backend::Other(m) => self.end_of_timeline(Some(m)).await.map(Some),
+            Backend::CopyData(_) => Err(Error::UnexpectedMessage {
+                context: "START_REPLICATION",
+                tag: b'd',
+            }),
+        }
+    }
+
+    /// After the server ended CopyBoth mode (its CopyDone) and the client
+    /// answered with CopyDone: reads the result set naming the next timeline
+    /// and the rest up to ReadyForQuery.
+    pub(crate) async fn end_of_timeline(&mut self, first: Option<Message>) -> Result<NextTimeline> {
+        let mut next = None;
+        let mut error = None;
+        let mut pending = first;
+        loop {
+            let m = match pending.take() {
+                Some(m) => m,
+                None => match self.reader.read().await? {
+                    Backend::Other(m) => m,
+                    // WAL still in flight when we sent CopyDone.
+                    Backend::CopyData(_) => continue,
+                    Backend::CopyBothResponse => {
+                        return Err(Error::UnexpectedMessage {
+                            context: "end of timeline",
+                            tag: b'W',
+                        })
+                    }
+                },
+            };
+            match m {
+                Message::DataRow(d) => {
+                    let values = text_values(&d)?;
+                    let tli = values.first().cloned().flatten().and_then(|v| v.parse().ok());
+                    let pos = values.get(1).cloned().flatten().and_then(|v| v.parse().ok());
+                    if let (Some(timeline), Some(start)) = (tli, pos) {
+                        next = Some(NextTimeline { timeline, start });
+                    }
+                }
+                Message::ErrorResponse(b) => error = Some(crate::framing::db_error(b.fields())?),
+                Message::ReadyForQuery(_) => break,
+                _ => {}
+            }
+        }
+        if let Some(e) = error {
+            return Err(Error::Db(e));
+        }
+        next.ok_or(Error::BadResult("end of timeline (next timeline)"))
+    }
+}
+
+/// The values of a DataRow as text (`None` for NULL).
+fn text_values(d: &postgres_protocol::message::backend::DataRowBody) -> Result<Vec<Option<String>>> {
+    let buf = d.buffer();
+    Ok(d.ranges().map(|r| Ok(r.map(|r| String::from_utf8_lossy(&buf[r]).into_owned()))).collect()?)
 }
 
 pub(crate) async fn send_copy_data(w: &mut WriteHalf<Box<dyn Socket>>, buf: &mut BytesMut, body: &[u8]) -> Result<()> {
@@ -333,4 +446,32 @@ pub(crate) async fn send_copy_data(w: &mut WriteHalf<Box<dyn Socket>>, buf: &mut
     w.flush().await?;
     buf.clear();
     Ok(())
+}
+
+/// Ends CopyBoth mode from the client side: CopyDone, waits up to 5 s for
+/// the server to finish (ReadyForQuery), then Terminate. Errors are ignored:
+/// the connection is being given up anyway.
+pub(crate) async fn close_copy_both<R: tokio::io::AsyncRead + Unpin>(
+    writer: &mut WriteHalf<Box<dyn Socket>>,
+    reader: &mut FrameReader<R>,
+) {
+    let mut buf = BytesMut::new();
+    frontend::copy_done(&mut buf);
+    if writer.write_all(&buf).await.is_err() {
+        return;
+    }
+    let _ = writer.flush().await;
+    let drain = async {
+        loop {
+            match reader.read().await {
+                Ok(Backend::Other(Message::ReadyForQuery(_))) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), drain).await;
+    buf.clear();
+    frontend::terminate(&mut buf);
+    let _ = writer.write_all(&buf).await;
+    let _ = writer.shutdown().await;
 }

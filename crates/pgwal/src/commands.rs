@@ -97,6 +97,17 @@ pub struct TimelineHistory {
     pub content: String,
 }
 
+/// Where the server continues after a timeline ended (the result set that
+/// follows the end of `START_REPLICATION PHYSICAL` on a historic timeline).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NextTimeline {
+    /// The next timeline.
+    pub timeline: u32,
+    /// Where it forked off the ended one (the ended timeline's last position).
+    pub start: Lsn,
+}
+
 /// Slot names are restricted by the server to lower-case letters, digits and
 /// underscores; checking here also keeps commands injection-free.
 pub(crate) fn validate_slot_name(name: &str) -> Result<()> {

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::io;
 
-use pgwal_protocol::DecodeError;
+use pgwal_protocol::{DecodeError, Lsn};
 
 /// An error reported by the server (an ErrorResponse).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,6 +126,42 @@ pub enum Error {
     },
     /// The stream was closed.
     Closed,
+    /// A file operation in the WAL directory failed (missing directory, no
+    /// write permission, disk full...). What is already in the directory
+    /// stays valid: complete segments are never modified and a `.partial`
+    /// segment only holds data that was received.
+    WalDir {
+        /// The file or directory.
+        path: std::path::PathBuf,
+        /// What was being done, e.g. "create a file in".
+        op: &'static str,
+        /// The operating system's error.
+        source: io::Error,
+    },
+    /// A file in the WAL directory is not what its name says (e.g. a
+    /// complete segment of the wrong size); nothing was changed.
+    WalFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The server sent WAL that does not continue where the previous
+    /// message ended.
+    WalGap {
+        /// The position the next WAL should start at.
+        expected: Lsn,
+        /// Where the server's message starts.
+        got: Lsn,
+    },
+    /// Streaming was asked to start on a timeline the server does not have
+    /// (later than its current one).
+    TimelineNotOnServer {
+        /// The requested timeline.
+        requested: u32,
+        /// The server's current timeline.
+        server: u32,
+    },
 }
 
 impl fmt::Display for Error {
@@ -148,6 +184,12 @@ impl fmt::Display for Error {
             Error::Column { column, reason } => write!(f, "column {column:?}: {reason}"),
             Error::RetriesExhausted { attempts, last } => write!(f, "gave up after {attempts} attempts: {last}"),
             Error::Closed => write!(f, "stream closed"),
+            Error::WalDir { path, op, source } => write!(f, "cannot {op} {}: {source}", path.display()),
+            Error::WalFile { path, reason } => write!(f, "{}: {reason}", path.display()),
+            Error::WalGap { expected, got } => write!(f, "WAL gap: expected data at {expected}, server sent {got}"),
+            Error::TimelineNotOnServer { requested, server } => {
+                write!(f, "timeline {requested} is not on the server (its current timeline is {server})")
+            }
         }
     }
 }
@@ -155,7 +197,7 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Error::Io(e) | Error::Sasl(e) => Some(e),
+            Error::Io(e) | Error::Sasl(e) | Error::WalDir { source: e, .. } => Some(e),
             Error::Db(e) => Some(e),
             Error::Tls(e) => Some(e),
             Error::Decode(e) => Some(e),

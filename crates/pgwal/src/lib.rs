@@ -1,4 +1,4 @@
-//! PostgreSQL logical replication on Tokio, with exact acknowledgements.
+//! PostgreSQL logical and physical replication on Tokio, with exact acknowledgements.
 //!
 //! Layers:
 //!
@@ -8,7 +8,9 @@
 //!   MD5 / SCRAM-SHA-256 authentication, TLS through rustls) and the
 //!   replication commands;
 //! * [`LogicalStream`]: a `futures::Stream` of typed [`Event`]s whose
-//!   feedback reports only what the consumer acknowledged.
+//!   feedback reports only what the consumer acknowledged;
+//! * [`PhysicalReceiver`]: physical WAL streaming into segment files like
+//!   `pg_receivewal`, acknowledging on receipt, write or fsync ([`AckMode`]).
 //!
 //! # Acknowledgement semantics
 //!
@@ -38,25 +40,32 @@ mod event;
 mod framing;
 mod logical_stream;
 mod pgpass;
+mod physical_config;
+mod physical_stream;
 mod progress;
 mod relations;
 mod retry;
 pub mod snapshot;
 mod socket;
+mod stage_hook;
 mod startup;
 mod stream_config;
 mod tls;
 pub mod types;
+mod wal_dir;
 mod worker;
 
 pub use client::{ReplicationClient, SimpleRow};
-pub use commands::{CreateSlotOptions, IdentifySystem, SlotInfo, SlotSnapshot, TimelineHistory};
+pub use commands::{CreateSlotOptions, IdentifySystem, NextTimeline, SlotInfo, SlotSnapshot, TimelineHistory};
 pub use config::{ChannelBinding, Config, SslMode};
 pub use error::{DbError, Error, Result};
 pub use event::{Change, Event, Row, TruncateEvent};
 pub use logical_stream::LogicalStream;
+pub use physical_config::{AckMode, PhysicalConfig};
+pub use physical_stream::{PhysicalProgress, PhysicalReceiver, StopReason};
 pub use progress::AckHandle;
 pub use retry::RetryConfig;
+pub use stage_hook::{Gate, Stage, StageHook};
 pub use stream_config::{StreamConfig, Streaming};
 
 pub use pgwal_protocol as protocol;

@@ -25,14 +25,14 @@ async fn send<W: AsyncWrite + Unpin>(w: &mut W, buf: &mut BytesMut) -> Result<()
     Ok(())
 }
 
-/// Sends the startup packet for a logical replication connection, then
+/// Sends the startup packet (`replication` = `database`, `true` or none), then
 /// authenticates and waits for ReadyForQuery.
 pub(crate) async fn startup<R, W>(
     config: &Config,
     tls_end_point: Option<Vec<u8>>,
     r: &mut FrameReader<R>,
     w: &mut W,
-    replication: bool,
+    replication: Option<&str>,
 ) -> Result<StartupInfo>
 where
     R: AsyncRead + Unpin,
@@ -49,8 +49,8 @@ where
         ("bytea_output", "hex"),
         ("extra_float_digits", "3"),
     ];
-    if replication {
-        params.push(("replication", "database"));
+    if let Some(mode) = replication {
+        params.push(("replication", mode));
     }
     if let Some(a) = &config.application_name {
         params.push(("application_name", a));

@@ -11,8 +11,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use postgres_protocol::message::backend::Message;
-use postgres_protocol::message::frontend;
-use tokio::io::{AsyncWriteExt, WriteHalf};
+use tokio::io::WriteHalf;
 use tokio::sync::{mpsc, watch};
 
 use pgwal_protocol::pgoutput::Decoder;
@@ -321,27 +320,8 @@ impl Worker {
     }
 }
 
-/// Ends the session cleanly: final feedback, CopyDone, wait briefly for the
-/// server to finish, Terminate.
+/// Ends the session cleanly: final feedback, then CopyDone and Terminate.
 async fn finish<R: tokio::io::AsyncRead + Unpin>(s: &mut Session, reader: &mut crate::framing::FrameReader<R>) {
     let _ = s.send_status(false).await;
-    let mut buf = BytesMut::new();
-    frontend::copy_done(&mut buf);
-    if s.writer.write_all(&buf).await.is_err() {
-        return;
-    }
-    let _ = s.writer.flush().await;
-    let drain = async {
-        loop {
-            match reader.read().await {
-                Ok(Backend::Other(Message::ReadyForQuery(_))) | Err(_) => break,
-                Ok(_) => {}
-            }
-        }
-    };
-    let _ = tokio::time::timeout(Duration::from_secs(5), drain).await;
-    buf.clear();
-    frontend::terminate(&mut buf);
-    let _ = s.writer.write_all(&buf).await;
-    let _ = s.writer.shutdown().await;
+    crate::client::close_copy_both(&mut s.writer, reader).await;
 }

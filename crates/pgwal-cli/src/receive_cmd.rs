@@ -1,0 +1,127 @@
+//! `pgwal receive`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use pgwal::{AckMode, Config, Lsn, PhysicalConfig, PhysicalReceiver, Result};
+
+/// When the status update acknowledges WAL.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub(crate) enum AckArg {
+    /// Report the received position as `write` before writing it (makes a
+    /// stock primary's `remote_write` wait only for receipt).
+    Receive,
+    /// Report `write` after pwrite, `flush` after fsync.
+    Write,
+    /// Report `write` and `flush` only after fsync (like pg_receivewal --synchronous).
+    Flush,
+}
+
+pub(crate) const ABOUT: &str = "Stream physical WAL into segment files (like pg_receivewal), acknowledging on receipt, write or fsync";
+
+pub(crate) const LONG_ABOUT: &str = "\
+Stream physical WAL into DIRECTORY as segment files of the server's wal_segment_size, \
+named like pg_wal's. The segment being written is NAME.partial \
+(created full-size); a full segment is fsynced, renamed and the directory \
+fsynced. A restart resumes at the highest .partial segment or after the \
+highest complete one; a timeline switch is followed (NNNNNNNN.history is \
+fetched). SIGINT/SIGTERM: fsync, final status update, exit 0.
+
+Status updates (42-byte form: write, flush, apply=0/0, trailing receive):
+  receive = end of WAL received into memory (every mode);
+  flush   = end of WAL fsynced (every mode: never reported before fsync);
+  write   = --ack receive: the RECEIVED position, sent as soon as a batch is \
+read, before it is written. Deliberate: a stock primary with \
+synchronous_commit = remote_write then releases commits on receipt, i.e. \
+behaves like remote_receive;
+            --ack write: what is written (pwrite done);
+            --ack flush: what is fsynced (each batch is fsynced before the \
+update; like pg_receivewal --synchronous).
+At most one update per batch read from the socket (sent when no more data is \
+ready, or at once when the server asks for a reply), and one at least every \
+--status-interval (which also fsyncs written data in the receive and write \
+modes). To serve as a synchronous standby, set application_name in the \
+connection string and list it in the primary's synchronous_standby_names.";
+
+#[derive(Args, Debug)]
+pub(crate) struct ReceiveArgs {
+    /// Directory to write segments to (must exist).
+    #[arg(short = 'D', long = "directory")]
+    dir: PathBuf,
+    /// Physical replication slot to stream through.
+    #[arg(short = 'S', long)]
+    slot: Option<String>,
+    /// Create the slot first (no error if it exists).
+    #[arg(long, requires = "slot")]
+    create_slot: bool,
+    /// When WAL is acknowledged (see above).
+    #[arg(long, value_enum, default_value = "flush")]
+    ack: AckArg,
+    /// Seconds between status updates at the latest.
+    #[arg(short = 's', long, default_value_t = 10.0)]
+    status_interval: f64,
+    /// Exit once WAL up to this position is written and fsynced.
+    #[arg(short = 'E', long, value_parser = parse_lsn)]
+    endpos: Option<Lsn>,
+    /// Start at this position instead of resuming (rounded down to a
+    /// segment start); needs --timeline.
+    #[arg(long, value_parser = parse_lsn, requires = "timeline")]
+    startpos: Option<Lsn>,
+    /// Timeline of --startpos.
+    #[arg(long, requires = "startpos")]
+    timeline: Option<u32>,
+    /// Send the stock 34-byte status update (no trailing receive position).
+    #[arg(long)]
+    no_receive_pointer: bool,
+}
+
+fn parse_lsn(s: &str) -> std::result::Result<Lsn, String> {
+    s.parse::<Lsn>().map_err(|e| e.to_string())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+pub(crate) async fn run(config: Config, a: ReceiveArgs) -> Result<()> {
+    let mut pc = PhysicalConfig::new(a.dir)
+        .ack(match a.ack {
+            AckArg::Receive => AckMode::Receive,
+            AckArg::Write => AckMode::Write,
+            AckArg::Flush => AckMode::Flush,
+        })
+        .status_interval(Duration::from_secs_f64(a.status_interval.max(0.001)))
+        .receive_pointer(!a.no_receive_pointer);
+    if let Some(slot) = a.slot {
+        pc = pc.slot(slot).create_slot(a.create_slot);
+    }
+    if let Some(end) = a.endpos {
+        pc = pc.end_lsn(end);
+    }
+    if let (Some(start), Some(tli)) = (a.startpos, a.timeline) {
+        pc = pc.start(start, tli);
+    }
+    let receiver = PhysicalReceiver::new(config, pc);
+    let progress = receiver.progress();
+    let why = receiver.run(shutdown_signal()).await?;
+    eprintln!(
+        "pgwal receive: stopped ({why:?}) on timeline {}: received {}, written {}, flushed {}",
+        progress.timeline(),
+        progress.received(),
+        progress.written(),
+        progress.flushed()
+    );
+    Ok(())
+}

@@ -1,0 +1,478 @@
+//! Physical WAL streaming into segment files, with a chosen acknowledgement
+//! point (see [`AckMode`]).
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::{Bytes, BytesMut};
+use postgres_protocol::message::backend::Message;
+use postgres_protocol::message::frontend;
+use tokio::io::AsyncWriteExt;
+
+use pgwal_protocol::replication::{BackendReplicationMessage, StandbyStatusUpdate};
+use pgwal_protocol::walfile::{parse_size, WalSegments};
+use pgwal_protocol::{Lsn, PgTimestamp};
+
+use crate::client::{close_copy_both, send_copy_data, ReplicationClient};
+use crate::commands::NextTimeline;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::framing::{db_error, Backend};
+use crate::physical_config::{AckMode, PhysicalConfig};
+use crate::stage_hook::Stage;
+use crate::wal_dir::{self, WalDir};
+
+/// Positions of a running [`PhysicalReceiver`], readable from any thread.
+#[derive(Debug, Default)]
+pub struct PhysicalProgress {
+    received: AtomicU64,
+    written: AtomicU64,
+    flushed: AtomicU64,
+    reported_write: AtomicU64,
+    reported_flush: AtomicU64,
+    timeline: AtomicU32,
+    status_updates: AtomicU64,
+}
+
+impl PhysicalProgress {
+    /// End of the WAL received into memory.
+    pub fn received(&self) -> Lsn {
+        Lsn(self.received.load(Ordering::SeqCst))
+    }
+    /// End of the WAL written to segment files (`pwrite` done).
+    pub fn written(&self) -> Lsn {
+        Lsn(self.written.load(Ordering::SeqCst))
+    }
+    /// End of the WAL fsynced.
+    pub fn flushed(&self) -> Lsn {
+        Lsn(self.flushed.load(Ordering::SeqCst))
+    }
+    /// The `write` position of the last status update sent.
+    pub fn reported_write(&self) -> Lsn {
+        Lsn(self.reported_write.load(Ordering::SeqCst))
+    }
+    /// The `flush` position of the last status update sent.
+    pub fn reported_flush(&self) -> Lsn {
+        Lsn(self.reported_flush.load(Ordering::SeqCst))
+    }
+    /// The timeline being streamed (0 before streaming starts).
+    pub fn timeline(&self) -> u32 {
+        self.timeline.load(Ordering::SeqCst)
+    }
+    /// Status updates sent so far.
+    pub fn status_updates(&self) -> u64 {
+        self.status_updates.load(Ordering::SeqCst)
+    }
+}
+
+/// Why [`PhysicalReceiver::run`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StopReason {
+    /// The shutdown future completed.
+    Shutdown,
+    /// WAL up to `PhysicalConfig::end_lsn` was written and fsynced.
+    EndReached,
+}
+
+/// Streams physical WAL into a directory of segment files, like
+/// `pg_receivewal`, acknowledging at the point chosen by [`AckMode`].
+///
+/// ```no_run
+/// use pgwal::{AckMode, PhysicalConfig, PhysicalReceiver};
+///
+/// # async fn f() -> Result<(), pgwal::Error> {
+/// // application_name lets synchronous_standby_names pick this receiver.
+/// let config = "host=db.internal user=repl application_name=archiver".parse()?;
+/// let receiver = PhysicalReceiver::new(
+///     config,
+///     PhysicalConfig::new("/srv/wal").slot("archiver").create_slot(true).ack(AckMode::Flush),
+/// );
+/// let progress = receiver.progress();
+/// receiver.run(async { tokio::signal::ctrl_c().await.ok(); }).await?;
+/// println!("stopped with WAL fsynced up to {}", progress.flushed());
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct PhysicalReceiver {
+    config: Config,
+    pc: PhysicalConfig,
+    progress: Arc<PhysicalProgress>,
+}
+
+/// How a streaming session on one timeline ended.
+enum SessionEnd {
+    Stopped(StopReason),
+    TimelineEnded(NextTimeline),
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| Error::Io(std::io::Error::other(e)))?
+}
+
+impl PhysicalReceiver {
+    /// A receiver for the server of `config` (its `application_name` is what
+    /// `synchronous_standby_names` matches).
+    pub fn new(config: Config, pc: PhysicalConfig) -> Self {
+        PhysicalReceiver { config, pc, progress: Arc::default() }
+    }
+
+    /// A handle on the receiver's positions.
+    pub fn progress(&self) -> Arc<PhysicalProgress> {
+        self.progress.clone()
+    }
+
+    /// Checks the directory, connects, finds where to start (`PhysicalConfig::start`,
+    /// else the directory's highest segment, else the slot's `restart_lsn`,
+    /// else the server's current position; always a segment start), and
+    /// streams, following timeline switches, until `shutdown` completes,
+    /// the end position is reached or an error occurs. On every return the
+    /// open segment is fsynced and stays `.partial`; on a clean stop a final
+    /// status update is sent.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<StopReason> {
+        tokio::pin!(shutdown);
+        let pc = self.pc;
+        let dir = pc.dir.clone();
+        blocking(move || wal_dir::check_writable(&dir)).await?;
+        let mut client = ReplicationClient::connect_physical(&self.config).await?;
+        let size = client.show("wal_segment_size").await?;
+        let segs = parse_size(&size)
+            .and_then(WalSegments::new)
+            .ok_or(Error::BadResult("SHOW wal_segment_size"))?;
+        let sys = client.identify_system().await?;
+        if let (Some(slot), true) = (&pc.slot, pc.create_slot) {
+            match client.create_physical_slot(slot, false).await {
+                Err(e) if e.code() != Some("42710") => return Err(e),
+                _ => {}
+            }
+        }
+        let mut r = Receiver {
+            wal: Arc::new(Mutex::new(WalDir::new(pc.dir.clone(), segs))),
+            pc,
+            progress: self.progress,
+            buf: BytesMut::new(),
+            timeline: 0,
+            expected: Lsn::INVALID,
+            received: Lsn::INVALID,
+            written: Lsn::INVALID,
+            flushed: Lsn::INVALID,
+            reported: (Lsn::INVALID, Lsn::INVALID),
+        };
+        let resume = r.with_dir(|w| w.resume_point()).await?;
+        let (start, mut timeline) = match (r.pc.start, resume) {
+            (Some(s), _) => s,
+            (None, Some(p)) => (p.start, p.timeline),
+            (None, None) => {
+                let mut from_slot = None;
+                if let (Some(slot), true) = (&r.pc.slot, client.server_major_version().unwrap_or(0) >= 15) {
+                    if let Some((kind, lsn, tli)) = client.read_slot(slot).await? {
+                        if kind == "physical" && !lsn.is_invalid() && tli != 0 {
+                            from_slot = Some((lsn, tli));
+                        }
+                    }
+                }
+                from_slot.unwrap_or((sys.xlog_pos, sys.timeline))
+            }
+        };
+        if timeline > sys.timeline {
+            return Err(Error::TimelineNotOnServer { requested: timeline, server: sys.timeline });
+        }
+        let mut start = segs.segment_start(segs.segment_of(start));
+        loop {
+            if timeline > 1 && !r.with_dir(move |w| Ok(w.has_history(timeline))).await? {
+                let h = client.timeline_history(timeline).await?;
+                r.with_dir(move |w| w.write_history(timeline, h.content.as_bytes())).await?;
+            }
+            r.timeline = timeline;
+            r.progress.timeline.store(timeline, Ordering::SeqCst);
+            let slot = r.pc.slot.clone();
+            let next = match client.start_physical_replication(slot.as_deref(), start, Some(timeline)).await? {
+                Some(next) => next,
+                None => match r.stream(&mut client, start, &mut shutdown).await {
+                    Ok(SessionEnd::Stopped(why)) => return Ok(why),
+                    Ok(SessionEnd::TimelineEnded(next)) => next,
+                    Err(e) => {
+                        // Keep what was written: fsync it, leave it partial.
+                        let _ = r.with_dir(|w| w.close()).await;
+                        return Err(e);
+                    }
+                },
+            };
+            r.with_dir(|w| w.close()).await?;
+            tracing::info!(from = timeline, to = next.timeline, at = %next.start, "timeline switch");
+            timeline = next.timeline;
+            // Like pg_receivewal: the new timeline's segment file is written
+            // whole, from its start (the server copies the old timeline's
+            // part of it).
+            start = segs.segment_start(segs.segment_of(next.start));
+        }
+    }
+}
+
+/// The receiver's state while streaming.
+struct Receiver {
+    pc: PhysicalConfig,
+    progress: Arc<PhysicalProgress>,
+    wal: Arc<Mutex<WalDir>>,
+    buf: BytesMut,
+    timeline: u32,
+    /// Where the next XLogData must start (this session).
+    expected: Lsn,
+    received: Lsn,
+    written: Lsn,
+    flushed: Lsn,
+    /// `(write, flush)` of the last status update.
+    reported: (Lsn, Lsn),
+}
+
+/// A batch of messages read from the socket without waiting.
+#[derive(Default)]
+struct Batch {
+    chunks: Vec<(Lsn, Bytes)>,
+    bytes: usize,
+    reply_requested: bool,
+    /// No more data was ready on the socket when the batch ended.
+    caught_up: bool,
+    /// The server ended the timeline (CopyDone).
+    ended: bool,
+    /// What ended the batch early: the WAL before it is still written.
+    error: Option<Error>,
+}
+
+impl Receiver {
+    async fn with_dir<T: Send + 'static>(&self, f: impl FnOnce(&mut WalDir) -> Result<T> + Send + 'static) -> Result<T> {
+        let wal = self.wal.clone();
+        blocking(move || f(&mut wal.lock().unwrap_or_else(|e| e.into_inner()))).await
+    }
+
+    fn publish(&self) {
+        let p = &self.progress;
+        p.received.fetch_max(self.received.0, Ordering::SeqCst);
+        p.written.fetch_max(self.written.0, Ordering::SeqCst);
+        p.flushed.fetch_max(self.flushed.0, Ordering::SeqCst);
+    }
+
+    /// The `write` position this mode reports.
+    fn write_position(&self) -> Lsn {
+        match self.pc.ack {
+            AckMode::Receive => self.received,
+            AckMode::Write => self.written,
+            AckMode::Flush => self.flushed,
+        }
+    }
+
+    async fn send_status(&mut self, client: &mut ReplicationClient) -> Result<()> {
+        let write = self.write_position();
+        let msg = StandbyStatusUpdate {
+            write,
+            flush: self.flushed,
+            apply: Lsn::INVALID,
+            client_time: PgTimestamp::now(),
+            reply_requested: false,
+            receive: self.pc.receive_pointer.then_some(self.received),
+        };
+        let mut body = BytesMut::with_capacity(StandbyStatusUpdate::EXTENDED_LEN);
+        msg.encode(&mut body);
+        send_copy_data(&mut client.writer, &mut self.buf, &body).await?;
+        self.reported = (write, self.flushed);
+        let p = &self.progress;
+        p.reported_write.store(write.0, Ordering::SeqCst);
+        p.reported_flush.store(self.flushed.0, Ordering::SeqCst);
+        p.status_updates.fetch_add(1, Ordering::SeqCst);
+        tracing::trace!(%write, flush = %self.flushed, receive = %self.received, "status update sent");
+        Ok(())
+    }
+
+    /// Whether this mode's reported position advanced since the last update.
+    fn advanced(&self) -> bool {
+        self.write_position() > self.reported.0 || self.flushed > self.reported.1
+    }
+
+    async fn hook(&self, stage: Stage, lsn: Lsn) {
+        if let Some(h) = &self.pc.hook {
+            h.reached(stage, lsn).await;
+        }
+    }
+
+    /// fsyncs written data (after the `BeforeFlush` hook when `hooked`).
+    async fn sync(&mut self, hooked: bool) -> Result<()> {
+        if self.written <= self.flushed {
+            return Ok(());
+        }
+        if hooked {
+            self.hook(Stage::BeforeFlush, self.written).await;
+        }
+        self.with_dir(|w| w.sync()).await?;
+        self.flushed = self.written;
+        self.publish();
+        Ok(())
+    }
+
+    /// Reads one batch: the message `first` and then whatever is ready on the
+    /// socket, up to `max_batch_bytes` of WAL. An error (malformed message,
+    /// gap, server error) ends the batch and is kept in it, so that the WAL
+    /// received before it is still written.
+    fn read_batch(&mut self, client: &mut ReplicationClient, first: Backend) -> Batch {
+        let mut b = Batch::default();
+        if let Err(e) = self.fill_batch(client, first, &mut b) {
+            b.error = Some(e);
+            b.caught_up = false;
+        }
+        b
+    }
+
+    fn fill_batch(&mut self, client: &mut ReplicationClient, first: Backend, b: &mut Batch) -> Result<()> {
+        let mut next = Some(first);
+        while let Some(m) = next.take() {
+            match m {
+                Backend::CopyData(body) => match BackendReplicationMessage::decode(body)? {
+                    BackendReplicationMessage::XLogData(x) => {
+                        if x.wal_start != self.expected {
+                            return Err(Error::WalGap { expected: self.expected, got: x.wal_start });
+                        }
+                        self.expected = x.wal_start + x.data.len() as u64;
+                        b.bytes += x.data.len();
+                        b.chunks.push((x.wal_start, x.data));
+                    }
+                    BackendReplicationMessage::PrimaryKeepalive(k) => b.reply_requested |= k.reply_requested,
+                    _ => {}
+                },
+                Backend::Other(Message::CopyDone) => {
+                    b.ended = true;
+                    b.caught_up = true;
+                    return Ok(());
+                }
+                Backend::Other(Message::ErrorResponse(e)) => return Err(Error::Db(db_error(e.fields())?)),
+                Backend::Other(Message::NoticeResponse(_)) | Backend::Other(Message::ParameterStatus(_)) => {}
+                Backend::Other(_) | Backend::CopyBothResponse => {
+                    return Err(Error::UnexpectedMessage { context: "physical replication stream", tag: b'?' })
+                }
+            }
+            if b.bytes >= self.pc.max_batch_bytes {
+                return Ok(());
+            }
+            next = client.reader.try_next_ready()?;
+        }
+        b.caught_up = true;
+        Ok(())
+    }
+
+    /// Receive → (ack receive) → write → (ack write) → fsync → (ack flush),
+    /// with at most one status update per batch.
+    async fn process(&mut self, client: &mut ReplicationClient, mut b: Batch) -> Result<bool> {
+        let mut reached_end = false;
+        if let Some(end) = self.pc.end_lsn {
+            b.chunks.retain(|(at, _)| *at < end);
+            if let Some((at, data)) = b.chunks.last_mut() {
+                if *at + data.len() as u64 >= end {
+                    data.truncate((end - *at) as usize);
+                    reached_end = true;
+                }
+            }
+        }
+        let end_of_batch = b.chunks.last().map(|(at, d)| *at + d.len() as u64);
+        self.received = self.received.max(end_of_batch.unwrap_or_default());
+        self.publish();
+        let (reply_requested, caught_up) = (b.reply_requested, b.caught_up);
+        let wants = |r: &Receiver| reply_requested || (caught_up && r.advanced());
+        let mut replied = false;
+        if self.pc.ack == AckMode::Receive && wants(self) {
+            self.send_status(client).await?;
+            replied = true;
+        }
+        if let Some(end) = end_of_batch {
+            self.hook(Stage::BeforeWrite, end).await;
+            let (timeline, chunks) = (self.timeline, std::mem::take(&mut b.chunks));
+            let completed = self
+                .with_dir(move |w| {
+                    let mut completed = None;
+                    for (at, data) in &chunks {
+                        completed = w.write(timeline, *at, data)?.or(completed);
+                    }
+                    Ok(completed)
+                })
+                .await?;
+            self.written = self.written.max(end);
+            if let Some(c) = completed {
+                self.flushed = self.flushed.max(c);
+            }
+            self.publish();
+        }
+        if self.pc.ack == AckMode::Write && !replied && wants(self) {
+            self.send_status(client).await?;
+            replied = true;
+        }
+        if self.pc.ack == AckMode::Flush && (caught_up || reached_end) {
+            self.sync(true).await?;
+        }
+        if !replied && wants(self) {
+            self.send_status(client).await?;
+        }
+        Ok(reached_end)
+    }
+
+    /// Ends streaming from our side: fsync, final status update, CopyDone,
+    /// Terminate.
+    async fn stop(&mut self, client: &mut ReplicationClient) -> Result<()> {
+        self.sync(false).await?;
+        self.with_dir(|w| w.close()).await?;
+        self.send_status(client).await?;
+        close_copy_both(&mut client.writer, &mut client.reader).await;
+        Ok(())
+    }
+
+    async fn stream(
+        &mut self,
+        client: &mut ReplicationClient,
+        start: Lsn,
+        shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+    ) -> Result<SessionEnd> {
+        self.expected = start;
+        if self.pc.end_lsn.is_some_and(|end| end <= start) {
+            self.stop(client).await?;
+            return Ok(SessionEnd::Stopped(StopReason::EndReached));
+        }
+        let period = self.pc.status_interval;
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.as_mut() => {
+                    self.stop(client).await?;
+                    return Ok(SessionEnd::Stopped(StopReason::Shutdown));
+                }
+                _ = tick.tick() => {
+                    self.sync(true).await?;
+                    self.send_status(client).await?;
+                }
+                m = client.reader.read() => {
+                    let mut batch = self.read_batch(client, m?);
+                    let (ended, error) = (batch.ended, batch.error.take());
+                    let before = self.progress.status_updates();
+                    let reached_end = self.process(client, batch).await?;
+                    if let Some(e) = error {
+                        return Err(e);
+                    }
+                    if reached_end {
+                        self.stop(client).await?;
+                        return Ok(SessionEnd::Stopped(StopReason::EndReached));
+                    }
+                    if ended {
+                        self.sync(false).await?;
+                        self.send_status(client).await?;
+                        let mut buf = BytesMut::new();
+                        frontend::copy_done(&mut buf);
+                        client.writer.write_all(&buf).await?;
+                        client.writer.flush().await?;
+                        return Ok(SessionEnd::TimelineEnded(client.end_of_timeline(None).await?));
+                    }
+                    if self.progress.status_updates() != before {
+                        tick.reset();
+                    }
+                }
+            }
+        }
+    }
+}
