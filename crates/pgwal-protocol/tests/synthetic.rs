@@ -157,3 +157,77 @@ fn replication_messages_roundtrip() {
     assert_eq!(b.len(), 25);
     assert_eq!(HotStandbyFeedback::decode(b.freeze()).unwrap(), h);
 }
+
+/// The commit and two-phase messages share their field codecs; a cut inside
+/// each field still names that field of that message.
+#[test]
+fn truncation_errors_name_the_field() {
+    fn fields(msg: &LogicalMessage) -> Vec<&'static str> {
+        let bytes = msg.to_bytes().freeze();
+        let mut seen: Vec<&'static str> = Vec::new();
+        for n in 1..bytes.len() {
+            let field = match decoder(false).decode(bytes.slice(..n)) {
+                Err(pgwal_protocol::DecodeError::UnexpectedEof { field, .. })
+                | Err(pgwal_protocol::DecodeError::MissingNul { field }) => field,
+                other => panic!("{msg:?} cut at {n}: {other:?}"),
+            };
+            if seen.last() != Some(&field) {
+                seen.push(field);
+            }
+        }
+        seen
+    }
+    let t = PgTimestamp(1);
+    let cases: Vec<(LogicalMessage, &[&str])> = vec![
+        (
+            LogicalMessage::Commit(Commit { flags: 0, commit_lsn: Lsn(1), end_lsn: Lsn(2), commit_time: t }),
+            &["commit.flags", "commit.commit_lsn", "commit.end_lsn", "commit.commit_time"],
+        ),
+        (
+            LogicalMessage::StreamCommit(StreamCommit {
+                xid: 3, flags: 0, commit_lsn: Lsn(1), end_lsn: Lsn(2), commit_time: t,
+            }),
+            &[
+                "stream_commit.xid",
+                "stream_commit.flags",
+                "stream_commit.commit_lsn",
+                "stream_commit.end_lsn",
+                "stream_commit.commit_time",
+            ],
+        ),
+        (
+            LogicalMessage::BeginPrepare(BeginPrepare {
+                prepare_lsn: Lsn(4), end_lsn: Lsn(5), prepare_time: t, xid: 9, gid: "g".into(),
+            }),
+            &[
+                "begin_prepare.prepare_lsn",
+                "begin_prepare.end_lsn",
+                "begin_prepare.time",
+                "begin_prepare.xid",
+                "begin_prepare.gid",
+            ],
+        ),
+        (
+            LogicalMessage::Prepare(Prepare {
+                flags: 0, prepare_lsn: Lsn(4), end_lsn: Lsn(5), prepare_time: t, xid: 9, gid: "g".into(),
+            }),
+            &["prepare.flags", "prepare.prepare_lsn", "prepare.end_lsn", "prepare.time", "prepare.xid", "prepare.gid"],
+        ),
+        (
+            LogicalMessage::CommitPrepared(CommitPrepared {
+                flags: 0, commit_lsn: Lsn(6), end_lsn: Lsn(7), commit_time: t, xid: 9, gid: "g".into(),
+            }),
+            &[
+                "commit_prepared.flags",
+                "commit_prepared.commit_lsn",
+                "commit_prepared.end_lsn",
+                "commit_prepared.time",
+                "commit_prepared.xid",
+                "commit_prepared.gid",
+            ],
+        ),
+    ];
+    for (msg, want) in cases {
+        assert_eq!(fields(&msg), want, "{msg:?}");
+    }
+}

@@ -42,7 +42,7 @@ pub use type_message::TypeMessage;
 use bytes::{BufMut, BytesMut};
 
 use crate::codec::Reader;
-use crate::DecodeError;
+use crate::{DecodeError, Lsn, PgTimestamp};
 
 /// Reads the leading xid that data messages carry inside a streaming block.
 fn read_stream_xid(r: &mut Reader, streamed: bool) -> Result<Option<u32>, DecodeError> {
@@ -57,4 +57,19 @@ fn put_stream_xid(buf: &mut BytesMut, xid: Option<u32>) {
     if let Some(x) = xid {
         buf.put_u32(x);
     }
+}
+
+/// Reads the `lsn, end_lsn, timestamp` run that Commit, Stream Commit, Begin
+/// Prepare, Prepare and Commit Prepared carry: a record's LSN, the end of
+/// that record and its time. `fields` names the three in errors.
+fn read_span(r: &mut Reader, fields: [&'static str; 3]) -> Result<(Lsn, Lsn, PgTimestamp), DecodeError> {
+    let [lsn, end_lsn, time] = fields;
+    Ok((r.lsn(lsn)?, r.lsn(end_lsn)?, PgTimestamp(r.i64(time)?)))
+}
+
+/// Writes what [`read_span`] reads.
+fn put_span(buf: &mut BytesMut, lsn: Lsn, end_lsn: Lsn, time: PgTimestamp) {
+    buf.put_u64(lsn.0);
+    buf.put_u64(end_lsn.0);
+    buf.put_i64(time.0);
 }

@@ -2,6 +2,7 @@
 
 use bytes::{BufMut, BytesMut};
 
+use super::{put_span, read_span};
 use crate::codec::Reader;
 use crate::{DecodeError, Lsn, PgTimestamp};
 
@@ -45,21 +46,19 @@ pub struct StreamCommit {
 
 impl StreamCommit {
     pub(crate) fn decode(r: &mut Reader) -> Result<Self, DecodeError> {
-        Ok(StreamCommit {
-            xid: r.u32("stream_commit.xid")?,
-            flags: r.u8("stream_commit.flags")?,
-            commit_lsn: r.lsn("stream_commit.commit_lsn")?,
-            end_lsn: r.lsn("stream_commit.end_lsn")?,
-            commit_time: PgTimestamp(r.i64("stream_commit.commit_time")?),
-        })
+        let xid = r.u32("stream_commit.xid")?;
+        let flags = r.u8("stream_commit.flags")?;
+        let (commit_lsn, end_lsn, commit_time) = read_span(
+            r,
+            ["stream_commit.commit_lsn", "stream_commit.end_lsn", "stream_commit.commit_time"],
+        )?;
+        Ok(StreamCommit { xid, flags, commit_lsn, end_lsn, commit_time })
     }
 
     pub(crate) fn encode(&self, buf: &mut BytesMut) {
         buf.put_u32(self.xid);
         buf.put_u8(self.flags);
-        buf.put_u64(self.commit_lsn.0);
-        buf.put_u64(self.end_lsn.0);
-        buf.put_i64(self.commit_time.0);
+        put_span(buf, self.commit_lsn, self.end_lsn, self.commit_time);
     }
 }
 

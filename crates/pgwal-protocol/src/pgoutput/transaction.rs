@@ -2,6 +2,7 @@
 
 use bytes::{BufMut, BytesMut};
 
+use super::{put_span, read_span};
 use crate::codec::{put_cstr, Reader};
 use crate::{DecodeError, Lsn, PgTimestamp};
 
@@ -48,19 +49,15 @@ pub struct Commit {
 
 impl Commit {
     pub(crate) fn decode(r: &mut Reader) -> Result<Self, DecodeError> {
-        Ok(Commit {
-            flags: r.u8("commit.flags")?,
-            commit_lsn: r.lsn("commit.commit_lsn")?,
-            end_lsn: r.lsn("commit.end_lsn")?,
-            commit_time: PgTimestamp(r.i64("commit.commit_time")?),
-        })
+        let flags = r.u8("commit.flags")?;
+        let (commit_lsn, end_lsn, commit_time) =
+            read_span(r, ["commit.commit_lsn", "commit.end_lsn", "commit.commit_time"])?;
+        Ok(Commit { flags, commit_lsn, end_lsn, commit_time })
     }
 
     pub(crate) fn encode(&self, buf: &mut BytesMut) {
         buf.put_u8(self.flags);
-        buf.put_u64(self.commit_lsn.0);
-        buf.put_u64(self.end_lsn.0);
-        buf.put_i64(self.commit_time.0);
+        put_span(buf, self.commit_lsn, self.end_lsn, self.commit_time);
     }
 }
 

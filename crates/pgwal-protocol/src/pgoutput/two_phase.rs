@@ -2,8 +2,28 @@
 
 use bytes::{BufMut, BytesMut};
 
+use super::{put_span, read_span};
 use crate::codec::{put_cstr, Reader};
 use crate::{DecodeError, Lsn, PgTimestamp};
+
+/// Reads the body that Begin Prepare, Prepare (after its flags) and Commit
+/// Prepared (after its flags) share: `lsn, end_lsn, timestamp, xid, gid`.
+/// `fields` names the five in errors.
+fn read_prepared(
+    r: &mut Reader,
+    fields: [&'static str; 5],
+) -> Result<(Lsn, Lsn, PgTimestamp, u32, String), DecodeError> {
+    let [lsn, end_lsn, time, xid, gid] = fields;
+    let (lsn, end_lsn, time) = read_span(r, [lsn, end_lsn, time])?;
+    Ok((lsn, end_lsn, time, r.u32(xid)?, r.cstr(gid)?))
+}
+
+/// Writes what [`read_prepared`] reads.
+fn put_prepared(buf: &mut BytesMut, lsn: Lsn, end_lsn: Lsn, time: PgTimestamp, xid: u32, gid: &str) {
+    put_span(buf, lsn, end_lsn, time);
+    buf.put_u32(xid);
+    put_cstr(buf, gid);
+}
 
 /// `b`: a prepared transaction begins.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,21 +42,21 @@ pub struct BeginPrepare {
 
 impl BeginPrepare {
     pub(crate) fn decode(r: &mut Reader) -> Result<Self, DecodeError> {
-        Ok(BeginPrepare {
-            prepare_lsn: r.lsn("begin_prepare.prepare_lsn")?,
-            end_lsn: r.lsn("begin_prepare.end_lsn")?,
-            prepare_time: PgTimestamp(r.i64("begin_prepare.time")?),
-            xid: r.u32("begin_prepare.xid")?,
-            gid: r.cstr("begin_prepare.gid")?,
-        })
+        let (prepare_lsn, end_lsn, prepare_time, xid, gid) = read_prepared(
+            r,
+            [
+                "begin_prepare.prepare_lsn",
+                "begin_prepare.end_lsn",
+                "begin_prepare.time",
+                "begin_prepare.xid",
+                "begin_prepare.gid",
+            ],
+        )?;
+        Ok(BeginPrepare { prepare_lsn, end_lsn, prepare_time, xid, gid })
     }
 
     pub(crate) fn encode(&self, buf: &mut BytesMut) {
-        buf.put_u64(self.prepare_lsn.0);
-        buf.put_u64(self.end_lsn.0);
-        buf.put_i64(self.prepare_time.0);
-        buf.put_u32(self.xid);
-        put_cstr(buf, &self.gid);
+        put_prepared(buf, self.prepare_lsn, self.end_lsn, self.prepare_time, self.xid, &self.gid);
     }
 }
 
@@ -59,23 +79,17 @@ pub struct Prepare {
 
 impl Prepare {
     pub(crate) fn decode(r: &mut Reader) -> Result<Self, DecodeError> {
-        Ok(Prepare {
-            flags: r.u8("prepare.flags")?,
-            prepare_lsn: r.lsn("prepare.prepare_lsn")?,
-            end_lsn: r.lsn("prepare.end_lsn")?,
-            prepare_time: PgTimestamp(r.i64("prepare.time")?),
-            xid: r.u32("prepare.xid")?,
-            gid: r.cstr("prepare.gid")?,
-        })
+        let flags = r.u8("prepare.flags")?;
+        let (prepare_lsn, end_lsn, prepare_time, xid, gid) = read_prepared(
+            r,
+            ["prepare.prepare_lsn", "prepare.end_lsn", "prepare.time", "prepare.xid", "prepare.gid"],
+        )?;
+        Ok(Prepare { flags, prepare_lsn, end_lsn, prepare_time, xid, gid })
     }
 
     pub(crate) fn encode(&self, buf: &mut BytesMut) {
         buf.put_u8(self.flags);
-        buf.put_u64(self.prepare_lsn.0);
-        buf.put_u64(self.end_lsn.0);
-        buf.put_i64(self.prepare_time.0);
-        buf.put_u32(self.xid);
-        put_cstr(buf, &self.gid);
+        put_prepared(buf, self.prepare_lsn, self.end_lsn, self.prepare_time, self.xid, &self.gid);
     }
 }
 
@@ -98,23 +112,23 @@ pub struct CommitPrepared {
 
 impl CommitPrepared {
     pub(crate) fn decode(r: &mut Reader) -> Result<Self, DecodeError> {
-        Ok(CommitPrepared {
-            flags: r.u8("commit_prepared.flags")?,
-            commit_lsn: r.lsn("commit_prepared.commit_lsn")?,
-            end_lsn: r.lsn("commit_prepared.end_lsn")?,
-            commit_time: PgTimestamp(r.i64("commit_prepared.time")?),
-            xid: r.u32("commit_prepared.xid")?,
-            gid: r.cstr("commit_prepared.gid")?,
-        })
+        let flags = r.u8("commit_prepared.flags")?;
+        let (commit_lsn, end_lsn, commit_time, xid, gid) = read_prepared(
+            r,
+            [
+                "commit_prepared.commit_lsn",
+                "commit_prepared.end_lsn",
+                "commit_prepared.time",
+                "commit_prepared.xid",
+                "commit_prepared.gid",
+            ],
+        )?;
+        Ok(CommitPrepared { flags, commit_lsn, end_lsn, commit_time, xid, gid })
     }
 
     pub(crate) fn encode(&self, buf: &mut BytesMut) {
         buf.put_u8(self.flags);
-        buf.put_u64(self.commit_lsn.0);
-        buf.put_u64(self.end_lsn.0);
-        buf.put_i64(self.commit_time.0);
-        buf.put_u32(self.xid);
-        put_cstr(buf, &self.gid);
+        put_prepared(buf, self.commit_lsn, self.end_lsn, self.commit_time, self.xid, &self.gid);
     }
 }
 
