@@ -6,11 +6,23 @@
 # CPU per insert (user+sys), client max RSS and walsender CPU per insert.
 #
 # pgwal_v1_coalesce turns on StreamConfig::read_coalesce (1 ms).
-# Each consumer runs ROUNDS times (default 3), interleaved; medians are printed.
+# Each consumer runs ROUNDS times (default 3), interleaved; medians are printed
+# with the spread (min-max) of inserts/s and client CPU per insert.
+#
+# Peer comparison: walstream_v1 / walstream_v4 are pg_walstream 0.10 with
+# its libpq backend, walstream_rustls_v1 / walstream_rustls_v4 with its
+# pure-Rust (rustls) backend (crates/peer-bench, its own workspace, built
+# only when selected):
+#   CONSUMERS="pgwal_v1 walstream_v1 walstream_rustls_v1 pg_recvlogical" ROUNDS=5 LAT_COUNT=0 \
+#   BENCH_TMP=/dev/shm crates/pgwal/benches/e2e.sh 100 8000
 #
 # usage: crates/pgwal/benches/e2e.sh [TXNS] [ROWS_PER_TXN]   (default 50 x 8000)
 #        ROUNDS=0 crates/pgwal/benches/e2e.sh 1 1              (latency only)
 # env:   PGWAL_BENCH_BIN (server bin dir; default PGWAL_PG18_BIN or .build/install/check/bin)
+#        CONSUMERS (space-separated subset/order of the consumers below)
+#        BENCH_TMP (parent of the cluster's data directory; default /tmp)
+#        LAT_COUNT (latency transactions, default 2000; 0 skips the latency run)
+#        RESULTS_OUT (file to receive the raw per-run lines)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../../.." && pwd)
 txns=${1:-50}
@@ -22,8 +34,22 @@ cargo build -q --release -p pgwal --example drain --example latency
 cargo build -q --release -p pgwal-cli
 drain=$repo/crates/target/release/examples/drain
 cli=$repo/crates/target/release/pgwal
+if [ -n "${CONSUMERS:-}" ]; then
+	read -r -a consumers <<<"$CONSUMERS"
+else
+	consumers=(pgwal_v1 pgwal_v1_coalesce pgwal_v4 pgwal_cli pg_recvlogical)
+fi
+walstream=$repo/crates/peer-bench/target/release/walstream-drain
+walstream_rustls=$repo/crates/peer-bench/target/rustls/release/walstream-drain
+case " ${consumers[*]} " in
+*" walstream_v"*) (cd "$repo/crates/peer-bench" && cargo build -q --release) ;;
+esac
+case " ${consumers[*]} " in
+*" walstream_rustls_"*) (cd "$repo/crates/peer-bench" &&
+	cargo build -q --release --no-default-features --features rustls --target-dir target/rustls) ;;
+esac
 
-dir=$(mktemp -d /tmp/pgwal-bench-XXXXXX)
+dir=$(mktemp -d "${BENCH_TMP:-/tmp}/pgwal-bench-XXXXXX")
 chmod 755 "$dir"
 [ "$(id -u)" = 0 ] && chown "$("$asuser" --ensure)" "$dir"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -46,7 +72,6 @@ psql() { "$bin/psql" -X -q -At -h 127.0.0.1 -p "$port" -U postgres -d postgres "
 conn="host=127.0.0.1 port=$port user=postgres dbname=postgres sslmode=disable"
 
 psql -c "CREATE TABLE bench (id bigint, pad text)" -c "CREATE PUBLICATION p FOR TABLE bench"
-consumers=(pgwal_v1 pgwal_v1_coalesce pgwal_v4 pgwal_cli pg_recvlogical)
 rounds=${ROUNDS:-3}
 for r in $(seq 1 "$rounds"); do
 	for c in "${consumers[@]}"; do psql -c "SELECT pg_create_logical_replication_slot('s_${c}_$r', 'pgoutput')" >/dev/null; done
@@ -67,11 +92,15 @@ for c in "${consumers[@]}"; do
 	pgwal_v1) cmd=("$drain" "$conn" "$slot" p "$stop" 1) ;;
 	pgwal_v1_coalesce) cmd=(env COALESCE_US=1000 "$drain" "$conn" "$slot" p "$stop" 1) ;;
 	pgwal_v4) cmd=("$drain" "$conn" "$slot" p "$stop" 4 parallel) ;;
+	walstream_v1) cmd=("$walstream" "$conn" "$slot" p "$stop" 1) ;;
+	walstream_v4) cmd=("$walstream" "$conn" "$slot" p "$stop" 4 parallel) ;;
+	walstream_rustls_v1) cmd=("$walstream_rustls" "$conn" "$slot" p "$stop" 1) ;;
+	walstream_rustls_v4) cmd=("$walstream_rustls" "$conn" "$slot" p "$stop" 4 parallel) ;;
 	pgwal_cli) cmd=("$cli" -d "$conn" stream -S "$slot" -P p --proto-version 1 --stop-lsn "$stop") ;;
 	pg_recvlogical) cmd=("$bin/pg_recvlogical" -d "$conn" -S "$slot" --start -P pgoutput -o proto_version=1 -o publication_names=p -E "$stop" -f /dev/null) ;;
 	esac
 	start=$(date +%s.%N)
-	/usr/bin/time -f '%U %S %M %w' -o "$dir/time" "${cmd[@]}" >/dev/null 2>"$dir/err" &
+	/usr/bin/time -f '%U %S %M %w %e' -o "$dir/time" "${cmd[@]}" >/dev/null 2>"$dir/err" &
 	pid=$!
 	ws=0
 	while kill -0 $pid 2>/dev/null; do
@@ -82,26 +111,39 @@ for c in "${consumers[@]}"; do
 		sleep 0.1
 	done
 	wait $pid || { cat "$dir/err" >&2; exit 1; }
+	# The drain consumers report their counts: all inserts must have arrived.
+	if grep -q '^events=' "$dir/err" && ! grep -q "inserts=$total\$" "$dir/err"; then
+		echo "$c round $r: expected $total inserts, got: $(cat "$dir/err")" >&2
+		exit 1
+	fi
 	end=$(date +%s.%N)
-	read -r u s m w <"$dir/time"
-	echo "$c $start $end $u $s $m $ws $w" >>"$dir/results"
+	read -r u s m w e <"$dir/time"
+	echo "$c $start $end $u $s $m $ws $w $e" >>"$dir/results"
 done
 done
 python3 - "$dir/results" "$total" <<'PY'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 total = int(sys.argv[2])
-print(f"{'consumer':<16} {'wall_s':>8} {'inserts/s':>10} {'client_us/ins':>14} {'max_rss_MB':>10} {'walsender_us/ins':>16} {'client_wakeups/1k':>17}   (medians of {len(rows) // max(1, len(set(r[0] for r in rows)))})")
+print(f"{'consumer':<20} {'wall_s':>8} {'inserts/s':>10} {'(min-max)':>15} {'client_us/ins':>14} {'(min-max)':>11} {'max_rss_MB':>10} {'walsender_us/ins':>16} {'client_wakeups/1k':>17}   (medians of {len(rows) // max(1, len(set(r[0] for r in rows)))})")
 for c in dict.fromkeys(r[0] for r in rows):
     rs = [r for r in rows if r[0] == c]
     med = lambda f: statistics.median(f(r) for r in rs)
-    wall = med(lambda r: float(r[2]) - float(r[1]))
-    cpu = med(lambda r: (float(r[3]) + float(r[4])) * 1e6 / total)
+    span = lambda f: (min(f(r) for r in rs), max(f(r) for r in rs))
+    # elapsed as measured by time(1); the polling loop's end is up to 0.1 s late
+    wall_of = lambda r: float(r[8])
+    wall = med(wall_of)
+    rate = lambda r: total / wall_of(r)
+    cpu_of = lambda r: (float(r[3]) + float(r[4])) * 1e6 / total
+    cpu = med(cpu_of)
     rss = med(lambda r: int(r[5]) / 1024)
     ws = med(lambda r: int(r[6]) * 1e4 / total)
     wk = med(lambda r: int(r[7]) * 1e3 / total)
-    print(f"{c:<16} {wall:8.2f} {total / wall:10.0f} {cpu:14.2f} {rss:10.1f} {ws:16.2f} {wk:17.1f}")
+    (r0, r1), (c0, c1) = span(rate), span(cpu_of)
+    print(f"{c:<20} {wall:8.2f} {total / wall:10.0f} {f'{r0 / 1e3:.0f}k-{r1 / 1e3:.0f}k':>15} {cpu:14.2f} {f'{c0:.2f}-{c1:.2f}':>11} {rss:10.1f} {ws:16.2f} {wk:17.1f}")
 PY
+cp "$dir/results" "${RESULTS_OUT:-/dev/null}"
+[ "${LAT_COUNT:-2000}" = 0 ] && exit 0
 
 # Commit-to-receive latency with a live single-row workload (200 tx/s).
 psql -c "CREATE TABLE lat (id int, v text)" -c "CREATE PUBLICATION pl FOR TABLE lat" \
