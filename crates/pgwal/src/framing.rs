@@ -106,33 +106,6 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
-    /// The next message if one is buffered or the socket has the rest of
-    /// one ready now; `Ok(None)` when reading would wait ("caught up").
-    /// Polls the socket at most once, without waiting; cancel-safe like
-    /// [`read`](Self::read).
-    pub(crate) fn try_next_ready(&mut self) -> Result<Option<Backend>> {
-        if let Some(m) = self.try_next()? {
-            return Ok(Some(m));
-        }
-        if self.buf.capacity() - self.buf.len() < 8192 {
-            self.buf.reserve(64 * 1024);
-        }
-        let ready = futures_util::FutureExt::now_or_never(self.io.read_buf(&mut self.buf));
-        match ready {
-            None => Ok(None),
-            Some(Ok(0)) => Err(Error::Io(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "server closed the connection",
-            ))),
-            Some(Ok(n)) => {
-                self.last_read_len = n;
-                self.last_read_at = Some(std::time::Instant::now());
-                self.try_next()
-            }
-            Some(Err(e)) => Err(Error::Io(e)),
-        }
-    }
-
     /// Like [`read`](Self::read), but turns an ErrorResponse into an error
     /// and skips notices and parameter status messages.
     pub(crate) async fn read_ok(&mut self) -> Result<Backend> {

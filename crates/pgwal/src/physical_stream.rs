@@ -352,7 +352,7 @@ impl Receiver {
             if b.bytes >= self.pc.max_batch_bytes {
                 return Ok(());
             }
-            next = client.reader.try_next_ready()?;
+            next = client.reader.try_next()?;
         }
         b.caught_up = true;
         Ok(())
