@@ -429,6 +429,16 @@ impl Receiver {
         shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
     ) -> Result<SessionEnd> {
         self.expected = start;
+        // Like pg_receivewal: everything before the start point counts as
+        // received, written and flushed (it is in complete segments, or the
+        // receiver never had it), and the server hears so at once. Without a
+        // valid flush position a walsender is no synchronous standby
+        // candidate, and commits would wait for the first fsync.
+        self.received = self.received.max(start);
+        self.written = self.written.max(start);
+        self.flushed = self.flushed.max(start);
+        self.publish();
+        self.send_status(client).await?;
         if self.pc.end_lsn.is_some_and(|end| end <= start) {
             self.stop(client).await?;
             return Ok(SessionEnd::Stopped(StopReason::EndReached));
