@@ -412,3 +412,25 @@ fn follows_a_timeline_switch_after_promotion() {
         assert!(e.as_db_error().is_some(), "{label}: {e:?}");
     }
 }
+
+/// Regression: in the receive and write modes the first fsync may be a whole
+/// status interval away; the start position is reported as flushed at once,
+/// so the receiver is a synchronous standby candidate from the start.
+#[test]
+fn sync_candidate_before_the_first_fsync() {
+    let (label, bin) = support::servers().remove(0);
+    let c = Cluster::start(label, &bin, sync_options());
+    c.psql("SET synchronous_commit = local; CREATE TABLE t (v int)");
+    for mode in [AckMode::Receive, AckMode::Write] {
+        let dir = recv_dir(&c, &format!("recv-{}", mode.as_str()));
+        let r = Running::start(recv_config(&c), PhysicalConfig::new(&dir).ack(mode).status_interval(Duration::from_secs(600)));
+        let t = Instant::now();
+        wait_until("sync standby", || {
+            c.query(&format!("SELECT sync_state FROM pg_stat_replication WHERE application_name = '{APP}'")) == "sync"
+        });
+        let mut rw = commit(&c, "remote_write");
+        assert!(returns_within(&mut rw, Duration::from_secs(20)), "{label} {}", mode.as_str());
+        assert!(t.elapsed() < Duration::from_secs(30));
+        assert_eq!(r.stop().unwrap(), StopReason::Shutdown);
+    }
+}
