@@ -4,7 +4,6 @@ use pgwal::protocol::pgoutput::ColumnValue;
 use pgwal::{Change, Event, Row};
 use serde_json::{json, Map, Value};
 
-
 fn value(v: &ColumnValue) -> Value {
     match v {
         ColumnValue::Null => Value::Null,
@@ -52,9 +51,15 @@ fn change(kind: &str, c: &Change) -> Value {
 /// (relation and type descriptions, stream block boundaries).
 pub(crate) fn event(e: &Event) -> Option<Value> {
     Some(match e {
-        Event::Begin(b) => json!({"type": "begin", "xid": b.xid, "final_lsn": b.final_lsn.to_string(), "commit_time": b.commit_time.to_iso8601()}),
-        Event::Commit(c) => json!({"type": "commit", "lsn": c.commit_lsn.to_string(), "end_lsn": c.end_lsn.to_string(), "commit_time": c.commit_time.to_iso8601()}),
-        Event::Origin(o) => json!({"type": "origin", "name": o.name, "lsn": o.commit_lsn.to_string()}),
+        Event::Begin(b) => {
+            json!({"type": "begin", "xid": b.xid, "final_lsn": b.final_lsn.to_string(), "commit_time": b.commit_time.to_iso8601()})
+        }
+        Event::Commit(c) => {
+            json!({"type": "commit", "lsn": c.commit_lsn.to_string(), "end_lsn": c.end_lsn.to_string(), "commit_time": c.commit_time.to_iso8601()})
+        }
+        Event::Origin(o) => {
+            json!({"type": "origin", "name": o.name, "lsn": o.commit_lsn.to_string()})
+        }
         Event::Insert(c) => change("insert", c),
         Event::Update(c) => change("update", c),
         Event::Delete(c) => change("delete", c),
@@ -68,14 +73,28 @@ pub(crate) fn event(e: &Event) -> Option<Value> {
             "type": "message", "transactional": m.is_transactional(), "lsn": m.lsn.to_string(),
             "prefix": m.prefix, "content": String::from_utf8_lossy(&m.content),
         }),
-        Event::StreamCommit(c) => json!({"type": "stream_commit", "xid": c.xid, "lsn": c.commit_lsn.to_string(), "end_lsn": c.end_lsn.to_string(), "commit_time": c.commit_time.to_iso8601()}),
+        Event::StreamCommit(c) => {
+            json!({"type": "stream_commit", "xid": c.xid, "lsn": c.commit_lsn.to_string(), "end_lsn": c.end_lsn.to_string(), "commit_time": c.commit_time.to_iso8601()})
+        }
         Event::StreamAbort(a) => json!({"type": "stream_abort", "xid": a.xid, "subxid": a.subxid}),
-        Event::StreamStart(s) => json!({"type": "stream_start", "xid": s.xid, "first": s.first_segment}),
-        Event::BeginPrepare(b) => json!({"type": "begin_prepare", "xid": b.xid, "gid": b.gid, "prepare_lsn": b.prepare_lsn.to_string()}),
-        Event::Prepare(p) | Event::StreamPrepare(p) => json!({"type": "prepare", "xid": p.xid, "gid": p.gid, "end_lsn": p.end_lsn.to_string()}),
-        Event::CommitPrepared(c) => json!({"type": "commit_prepared", "xid": c.xid, "gid": c.gid, "end_lsn": c.end_lsn.to_string()}),
-        Event::RollbackPrepared(r) => json!({"type": "rollback_prepared", "xid": r.xid, "gid": r.gid, "end_lsn": r.rollback_end_lsn.to_string()}),
-        Event::Reconnected { restart_lsn } => json!({"type": "reconnect", "restart_lsn": restart_lsn.to_string()}),
+        Event::StreamStart(s) => {
+            json!({"type": "stream_start", "xid": s.xid, "first": s.first_segment})
+        }
+        Event::BeginPrepare(b) => {
+            json!({"type": "begin_prepare", "xid": b.xid, "gid": b.gid, "prepare_lsn": b.prepare_lsn.to_string()})
+        }
+        Event::Prepare(p) | Event::StreamPrepare(p) => {
+            json!({"type": "prepare", "xid": p.xid, "gid": p.gid, "end_lsn": p.end_lsn.to_string()})
+        }
+        Event::CommitPrepared(c) => {
+            json!({"type": "commit_prepared", "xid": c.xid, "gid": c.gid, "end_lsn": c.end_lsn.to_string()})
+        }
+        Event::RollbackPrepared(r) => {
+            json!({"type": "rollback_prepared", "xid": r.xid, "gid": r.gid, "end_lsn": r.rollback_end_lsn.to_string()})
+        }
+        Event::Reconnected { restart_lsn } => {
+            json!({"type": "reconnect", "restart_lsn": restart_lsn.to_string()})
+        }
         _ => return None,
     })
 }

@@ -17,7 +17,13 @@ struct Cli {
     /// Connection string: a URI (postgresql://user@host/db) or key=value pairs.
     /// Unset options come from PGHOST, PGPORT, PGUSER, PGPASSWORD,
     /// PGDATABASE, PGSSLMODE and ~/.pgpass.
-    #[arg(short = 'd', long = "dbname", global = true, env = "PGWAL_CONNINFO", default_value = "")]
+    #[arg(
+        short = 'd',
+        long = "dbname",
+        global = true,
+        env = "PGWAL_CONNINFO",
+        default_value = ""
+    )]
     conninfo: String,
 
     #[command(subcommand)]
@@ -70,7 +76,10 @@ struct SlotDropArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("pgwal: cannot start runtime: {e}");
@@ -82,7 +91,9 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Stream(a) => stream_cmd::run(config, a).await,
             Command::Receive(a) => receive_cmd::run(config, a).await,
-            Command::Slot(SlotCommand::Create(a)) => slot_cmd::create(config, &a.name, a.two_phase, a.failover).await,
+            Command::Slot(SlotCommand::Create(a)) => {
+                slot_cmd::create(config, &a.name, a.two_phase, a.failover).await
+            }
             Command::Slot(SlotCommand::Drop(a)) => slot_cmd::drop(config, &a.name, a.wait).await,
             Command::Slot(SlotCommand::List) => slot_cmd::list(config).await,
         }

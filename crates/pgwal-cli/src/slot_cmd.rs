@@ -3,10 +3,20 @@
 use pgwal::{Config, CreateSlotOptions, ReplicationClient, Result};
 use serde_json::json;
 
-pub(crate) async fn create(config: Config, name: &str, two_phase: bool, failover: bool) -> Result<()> {
+pub(crate) async fn create(
+    config: Config,
+    name: &str,
+    two_phase: bool,
+    failover: bool,
+) -> Result<()> {
     let mut c = ReplicationClient::connect(&config).await?;
     let info = c
-        .create_logical_slot(name, &CreateSlotOptions::new().two_phase(two_phase).failover(failover))
+        .create_logical_slot(
+            name,
+            &CreateSlotOptions::new()
+                .two_phase(two_phase)
+                .failover(failover),
+        )
         .await?;
     println!(
         "{}",
@@ -16,7 +26,10 @@ pub(crate) async fn create(config: Config, name: &str, two_phase: bool, failover
 }
 
 pub(crate) async fn drop(config: Config, name: &str, wait: bool) -> Result<()> {
-    ReplicationClient::connect(&config).await?.drop_slot(name, wait).await
+    ReplicationClient::connect(&config)
+        .await?
+        .drop_slot(name, wait)
+        .await
 }
 
 pub(crate) async fn list(config: Config) -> Result<()> {

@@ -5,7 +5,10 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use futures_util::StreamExt;
-use pgwal::{Config, CreateSlotOptions, Error, LogicalStream, Lsn, ReplicationClient, Result, StreamConfig, Streaming};
+use pgwal::{
+    Config, CreateSlotOptions, Error, LogicalStream, Lsn, ReplicationClient, Result, StreamConfig,
+    Streaming,
+};
 use tokio::io::AsyncWriteExt;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -63,7 +66,10 @@ fn parse_lsn(s: &str) -> std::result::Result<Lsn, String> {
 pub(crate) async fn run(config: Config, a: StreamArgs) -> Result<()> {
     if a.create_slot {
         let mut c = ReplicationClient::connect(&config).await?;
-        match c.create_logical_slot(&a.slot, &CreateSlotOptions::new().two_phase(a.two_phase)).await {
+        match c
+            .create_logical_slot(&a.slot, &CreateSlotOptions::new().two_phase(a.two_phase))
+            .await
+        {
             Ok(_) => {}
             Err(e) if e.code() == Some("42710") => {}
             Err(e) => return Err(e),

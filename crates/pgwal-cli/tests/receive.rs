@@ -16,7 +16,10 @@ const SEG: u64 = 16 << 20;
 fn receiver(c: &Cluster, dir: &Path, extra: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_pgwal"))
         .arg("-d")
-        .arg(format!("{} sslmode=disable application_name={APP}", c.conninfo("postgres")))
+        .arg(format!(
+            "{} sslmode=disable application_name={APP}",
+            c.conninfo("postgres")
+        ))
         .arg("receive")
         .arg("-D")
         .arg(dir)
@@ -30,7 +33,10 @@ fn receiver(c: &Cluster, dir: &Path, extra: &[&str]) -> Child {
 fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     let t = Instant::now();
     while !f() {
-        assert!(t.elapsed() < Duration::from_secs(60), "timed out waiting for {what}");
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -50,7 +56,8 @@ fn received_matches_server(dir: &Path, pg_wal: &Path, upto: u64) -> u64 {
         if base.len() != 24 {
             continue;
         }
-        let segno = u64::from_str_radix(&base[8..16], 16).unwrap() * 0x100 + u64::from_str_radix(&base[16..], 16).unwrap();
+        let segno = u64::from_str_radix(&base[8..16], 16).unwrap() * 0x100
+            + u64::from_str_radix(&base[16..], 16).unwrap();
         let start = segno * SEG;
         if upto <= start {
             continue;
@@ -58,7 +65,10 @@ fn received_matches_server(dir: &Path, pg_wal: &Path, upto: u64) -> u64 {
         let n = (upto - start).min(SEG) as usize;
         let ours = std::fs::read(dir.join(&name)).unwrap();
         let theirs = std::fs::read(pg_wal.join(base)).unwrap();
-        assert!(ours[..n] == theirs[..n], "{name}: first {n} bytes differ from the server's");
+        assert!(
+            ours[..n] == theirs[..n],
+            "{name}: first {n} bytes differ from the server's"
+        );
         compared += n as u64;
     }
     compared
@@ -82,13 +92,32 @@ fn kill_9_under_ack_flush_loses_no_acknowledged_wal() {
         c.psql("SET synchronous_commit = local; CREATE TABLE t (v int)");
         let dir = c.dir.join("recv");
         std::fs::create_dir_all(&dir).unwrap();
-        let mut r = receiver(&c, &dir, &["-S", "recv", "--create-slot", "--ack", "flush", "-s", "1"]);
-        let sync = || c.query(&format!("SELECT sync_state FROM pg_stat_replication WHERE application_name = '{APP}'"));
+        let mut r = receiver(
+            &c,
+            &dir,
+            &["-S", "recv", "--create-slot", "--ack", "flush", "-s", "1"],
+        );
+        let sync = || {
+            c.query(&format!(
+                "SELECT sync_state FROM pg_stat_replication WHERE application_name = '{APP}'"
+            ))
+        };
         wait_until("sync standby", || sync() == "sync");
         let start = lsn(&c.query("SELECT pg_current_wal_lsn()"));
         std::fs::write(c.dir.join("insert.sql"), "INSERT INTO t VALUES (1);\n").unwrap();
         let mut bench = Command::new(c.bin.join("pgbench"))
-            .args(["-n", "-c", "4", "-T", "4", "-h", "127.0.0.1", "-U", "postgres", "-p"])
+            .args([
+                "-n",
+                "-c",
+                "4",
+                "-T",
+                "4",
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-p",
+            ])
             .arg(c.port.to_string())
             .arg("-f")
             .arg(c.dir.join("insert.sql"))
@@ -100,14 +129,22 @@ fn kill_9_under_ack_flush_loses_no_acknowledged_wal() {
         std::thread::sleep(Duration::from_millis(1500));
         r.kill().unwrap(); // SIGKILL
         r.wait().unwrap();
-        let committed_before_kill = c.query("SET synchronous_commit = local; SELECT count(*) FROM t");
+        let committed_before_kill =
+            c.query("SET synchronous_commit = local; SELECT count(*) FROM t");
         // The slot's restart_lsn is the last flush position the receiver
         // reported: every acknowledged commit is before it.
-        let reported = lsn(&c.query("SELECT restart_lsn FROM pg_replication_slots WHERE slot_name = 'recv'"));
-        assert!(reported > start, "{label}: flush never advanced ({committed_before_kill} rows)");
+        let reported =
+            lsn(&c.query("SELECT restart_lsn FROM pg_replication_slots WHERE slot_name = 'recv'"));
+        assert!(
+            reported > start,
+            "{label}: flush never advanced ({committed_before_kill} rows)"
+        );
         let n = received_matches_server(&dir, &c.dir.join("data/pg_wal"), reported);
         assert!(n > 0, "{label}");
-        assert!(committed_before_kill.parse::<u64>().unwrap() > 0, "{label}: no commit acknowledged");
+        assert!(
+            committed_before_kill.parse::<u64>().unwrap() > 0,
+            "{label}: no commit acknowledged"
+        );
 
         // Resume: the blocked commits are released, then a clean SIGTERM stop.
         let r = receiver(&c, &dir, &["-S", "recv", "--ack", "flush", "-s", "1"]);
@@ -115,16 +152,25 @@ fn kill_9_under_ack_flush_loses_no_acknowledged_wal() {
         c.psql("SET synchronous_commit = local; SELECT pg_switch_wal(); CREATE TABLE after_switch (v int);");
         let end = c.query("SELECT pg_current_wal_flush_lsn()");
         wait_until("flush reported", || {
-            c.query(&format!("SELECT restart_lsn >= '{end}' FROM pg_replication_slots WHERE slot_name = 'recv'")) == "t"
+            c.query(&format!(
+                "SELECT restart_lsn >= '{end}' FROM pg_replication_slots WHERE slot_name = 'recv'"
+            )) == "t"
         });
-        let ok = Command::new("kill").arg("-TERM").arg(r.id().to_string()).status().unwrap();
+        let ok = Command::new("kill")
+            .arg("-TERM")
+            .arg(r.id().to_string())
+            .status()
+            .unwrap();
         assert!(ok.success());
         let out = r.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{label}: {err}");
         assert!(err.contains("stopped (Shutdown)"), "{label}: {err}");
         let upto = lsn(&end);
-        assert!(received_matches_server(&dir, &c.dir.join("data/pg_wal"), upto) > n, "{label}");
+        assert!(
+            received_matches_server(&dir, &c.dir.join("data/pg_wal"), upto) > n,
+            "{label}"
+        );
         let complete = std::fs::read_dir(&dir)
             .unwrap()
             .filter(|e| e.as_ref().unwrap().file_name().len() == 24)
@@ -141,7 +187,9 @@ fn unwritable_directory_is_refused_and_left_alone() {
     std::fs::write(dir.join("000000010000000000000001"), b"not touched").unwrap();
     let mut cmd = if support::is_root() {
         // root may write anywhere: run as the unprivileged user on a root-owned directory.
-        let _ = Command::new(support::repo_root().join("tools/as-user")).arg("--ensure").output();
+        let _ = Command::new(support::repo_root().join("tools/as-user"))
+            .arg("--ensure")
+            .output();
         let mut c = Command::new(support::repo_root().join("tools/as-user"));
         c.arg(env!("CARGO_BIN_EXE_pgwal"));
         c
@@ -151,13 +199,31 @@ fn unwritable_directory_is_refused_and_left_alone() {
         Command::new(env!("CARGO_BIN_EXE_pgwal"))
     };
     // No server is needed: the directory is checked before connecting.
-    let out = cmd.args(["-d", "host=127.0.0.1 port=1 sslmode=disable", "receive", "-D"]).arg(&dir).output().unwrap();
+    let out = cmd
+        .args([
+            "-d",
+            "host=127.0.0.1 port=1 sslmode=disable",
+            "receive",
+            "-D",
+        ])
+        .arg(&dir)
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(err.contains("cannot create a file in") && err.contains("ermission denied"), "{err}");
-    let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(
+        err.contains("cannot create a file in") && err.contains("ermission denied"),
+        "{err}"
+    );
+    let names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(names, ["000000010000000000000001"]);
-    assert_eq!(std::fs::read(dir.join("000000010000000000000001")).unwrap(), b"not touched");
+    assert_eq!(
+        std::fs::read(dir.join("000000010000000000000001")).unwrap(),
+        b"not touched"
+    );
     if !support::is_root() {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -167,9 +233,21 @@ fn unwritable_directory_is_refused_and_left_alone() {
 
 #[test]
 fn receive_help_documents_the_ack_modes() {
-    let out = Command::new(env!("CARGO_BIN_EXE_pgwal")).args(["receive", "--help"]).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_pgwal"))
+        .args(["receive", "--help"])
+        .output()
+        .unwrap();
     let help = String::from_utf8(out.stdout).unwrap();
-    for needle in ["--ack", "receive", "write", "flush", "remote_write", "Deliberate", "fsync", "--status-interval"] {
+    for needle in [
+        "--ack",
+        "receive",
+        "write",
+        "flush",
+        "remote_write",
+        "Deliberate",
+        "fsync",
+        "--status-interval",
+    ] {
         assert!(help.contains(needle), "missing {needle:?} in:\n{help}");
     }
 }

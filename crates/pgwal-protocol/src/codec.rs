@@ -84,7 +84,10 @@ impl Reader {
 
     pub(crate) fn cstr(&mut self, field: &'static str) -> Result<String, DecodeError> {
         let rest = &self.buf[self.pos..];
-        let end = rest.iter().position(|&b| b == 0).ok_or(DecodeError::MissingNul { field })?;
+        let end = rest
+            .iter()
+            .position(|&b| b == 0)
+            .ok_or(DecodeError::MissingNul { field })?;
         let s = std::str::from_utf8(&rest[..end])
             .map_err(|_| DecodeError::InvalidUtf8 { field })?
             .to_owned();

@@ -85,7 +85,8 @@ impl FromStr for Lsn {
     fn from_str(s: &str) -> Result<Lsn, ParseLsnError> {
         let err = || ParseLsnError(s.to_owned());
         let (hi, lo) = s.split_once('/').ok_or_else(err)?;
-        let ok = |p: &str| !p.is_empty() && p.len() <= 8 && p.bytes().all(|b| b.is_ascii_hexdigit());
+        let ok =
+            |p: &str| !p.is_empty() && p.len() <= 8 && p.bytes().all(|b| b.is_ascii_hexdigit());
         if !ok(hi) || !ok(lo) {
             return Err(err());
         }
@@ -109,7 +110,18 @@ mod tests {
 
     #[test]
     fn parse_rejects_garbage() {
-        for s in ["", "/", "1/", "/1", "1", "g/1", "1/1/1", "123456789/0", "-1/0", " 1/0"] {
+        for s in [
+            "",
+            "/",
+            "1/",
+            "/1",
+            "1",
+            "g/1",
+            "1/1/1",
+            "123456789/0",
+            "-1/0",
+            " 1/0",
+        ] {
             assert!(s.parse::<Lsn>().is_err(), "{s}");
         }
     }

@@ -98,7 +98,10 @@ mod tests {
         assert_eq!(PgTimestamp(0).to_iso8601(), "2000-01-01T00:00:00.000000Z");
         assert_eq!(PgTimestamp(-1).to_iso8601(), "1999-12-31T23:59:59.999999Z");
         // 2024-02-29 12:34:56.789 UTC
-        assert_eq!(PgTimestamp(762_525_296_789_000).to_iso8601(), "2024-02-29T12:34:56.789000Z");
+        assert_eq!(
+            PgTimestamp(762_525_296_789_000).to_iso8601(),
+            "2024-02-29T12:34:56.789000Z"
+        );
         assert_eq!(PgTimestamp(i64::MAX).to_iso8601(), "infinity");
         assert_eq!(PgTimestamp(i64::MIN).to_iso8601(), "-infinity");
     }

@@ -33,7 +33,8 @@ impl WalSegments {
     /// `None` unless `size` is a power of two between 1 MB and 1 GB (what
     /// `initdb --wal-segsize` accepts).
     pub fn new(size: u64) -> Option<WalSegments> {
-        (size.is_power_of_two() && (1 << 20..=1 << 30).contains(&size)).then_some(WalSegments { size })
+        (size.is_power_of_two() && (1 << 20..=1 << 30).contains(&size))
+            .then_some(WalSegments { size })
     }
 
     /// The segment size in bytes.
@@ -62,7 +63,11 @@ impl WalSegments {
 
     /// The file name of segment `segno` on `timeline` (no suffix).
     pub fn file_name(self, timeline: u32, segno: u64) -> String {
-        format!("{timeline:08X}{:08X}{:08X}", segno / self.per_log(), segno % self.per_log())
+        format!(
+            "{timeline:08X}{:08X}{:08X}",
+            segno / self.per_log(),
+            segno % self.per_log()
+        )
     }
 
     /// Parses a segment file name (24 hexadecimal digits, no suffix) into
@@ -127,8 +132,16 @@ mod tests {
         }
         let s = WalSegments::new(16 << 20).unwrap();
         assert_eq!(s.file_name(1, 0x100), "000000010000000100000000");
-        assert_eq!(s.parse_file_name("000000010000000100000100"), None, "seg part too large for 16MB");
-        assert_eq!(s.parse_file_name("000000000000000100000000"), None, "timeline 0");
+        assert_eq!(
+            s.parse_file_name("000000010000000100000100"),
+            None,
+            "seg part too large for 16MB"
+        );
+        assert_eq!(
+            s.parse_file_name("000000000000000100000000"),
+            None,
+            "timeline 0"
+        );
         assert_eq!(s.parse_file_name("00000001000000010000000G"), None);
         assert_eq!(s.parse_file_name("00000001000000010000000"), None);
     }

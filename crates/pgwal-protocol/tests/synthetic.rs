@@ -20,57 +20,224 @@ fn tuple() -> TupleData {
 fn samples() -> Vec<(LogicalMessage, bool)> {
     let t = PgTimestamp(123_456_789);
     let mut v = vec![
-        (LogicalMessage::Begin(Begin { final_lsn: Lsn(0x1_0000_0010), commit_time: t, xid: 7 }), false),
         (
-            LogicalMessage::Commit(Commit { flags: 0, commit_lsn: Lsn(1), end_lsn: Lsn(2), commit_time: t }),
+            LogicalMessage::Begin(Begin {
+                final_lsn: Lsn(0x1_0000_0010),
+                commit_time: t,
+                xid: 7,
+            }),
             false,
         ),
-        (LogicalMessage::Origin(Origin { commit_lsn: Lsn(3), name: "node_a".into() }), false),
-        (LogicalMessage::BeginPrepare(BeginPrepare {
-            prepare_lsn: Lsn(4), end_lsn: Lsn(5), prepare_time: t, xid: 9, gid: "g1".into(),
-        }), false),
-        (LogicalMessage::Prepare(Prepare {
-            flags: 0, prepare_lsn: Lsn(4), end_lsn: Lsn(5), prepare_time: t, xid: 9, gid: "g1".into(),
-        }), false),
-        (LogicalMessage::StreamPrepare(Prepare {
-            flags: 0, prepare_lsn: Lsn(4), end_lsn: Lsn(5), prepare_time: t, xid: 9, gid: "g2".into(),
-        }), false),
-        (LogicalMessage::CommitPrepared(CommitPrepared {
-            flags: 0, commit_lsn: Lsn(6), end_lsn: Lsn(7), commit_time: t, xid: 9, gid: "g1".into(),
-        }), false),
-        (LogicalMessage::RollbackPrepared(RollbackPrepared {
-            flags: 0, prepare_end_lsn: Lsn(8), rollback_end_lsn: Lsn(9), prepare_time: t,
-            rollback_time: PgTimestamp(t.0 + 1), xid: 9, gid: "g1".into(),
-        }), false),
-        (LogicalMessage::StreamStart(StreamStart { xid: 11, first_segment: true }), false),
+        (
+            LogicalMessage::Commit(Commit {
+                flags: 0,
+                commit_lsn: Lsn(1),
+                end_lsn: Lsn(2),
+                commit_time: t,
+            }),
+            false,
+        ),
+        (
+            LogicalMessage::Origin(Origin {
+                commit_lsn: Lsn(3),
+                name: "node_a".into(),
+            }),
+            false,
+        ),
+        (
+            LogicalMessage::BeginPrepare(BeginPrepare {
+                prepare_lsn: Lsn(4),
+                end_lsn: Lsn(5),
+                prepare_time: t,
+                xid: 9,
+                gid: "g1".into(),
+            }),
+            false,
+        ),
+        (
+            LogicalMessage::Prepare(Prepare {
+                flags: 0,
+                prepare_lsn: Lsn(4),
+                end_lsn: Lsn(5),
+                prepare_time: t,
+                xid: 9,
+                gid: "g1".into(),
+            }),
+            false,
+        ),
+        (
+            LogicalMessage::StreamPrepare(Prepare {
+                flags: 0,
+                prepare_lsn: Lsn(4),
+                end_lsn: Lsn(5),
+                prepare_time: t,
+                xid: 9,
+                gid: "g2".into(),
+            }),
+            false,
+        ),
+        (
+            LogicalMessage::CommitPrepared(CommitPrepared {
+                flags: 0,
+                commit_lsn: Lsn(6),
+                end_lsn: Lsn(7),
+                commit_time: t,
+                xid: 9,
+                gid: "g1".into(),
+            }),
+            false,
+        ),
+        (
+            LogicalMessage::RollbackPrepared(RollbackPrepared {
+                flags: 0,
+                prepare_end_lsn: Lsn(8),
+                rollback_end_lsn: Lsn(9),
+                prepare_time: t,
+                rollback_time: PgTimestamp(t.0 + 1),
+                xid: 9,
+                gid: "g1".into(),
+            }),
+            false,
+        ),
+        (
+            LogicalMessage::StreamStart(StreamStart {
+                xid: 11,
+                first_segment: true,
+            }),
+            false,
+        ),
         (LogicalMessage::StreamStop, true),
-        (LogicalMessage::StreamCommit(StreamCommit {
-            xid: 11, flags: 0, commit_lsn: Lsn(10), end_lsn: Lsn(11), commit_time: t,
-        }), false),
-        (LogicalMessage::StreamAbort(StreamAbort { xid: 11, subxid: 12, abort: None }), false),
-        (LogicalMessage::StreamAbort(StreamAbort { xid: 11, subxid: 11, abort: Some((Lsn(12), t)) }), false),
+        (
+            LogicalMessage::StreamCommit(StreamCommit {
+                xid: 11,
+                flags: 0,
+                commit_lsn: Lsn(10),
+                end_lsn: Lsn(11),
+                commit_time: t,
+            }),
+            false,
+        ),
+        (
+            LogicalMessage::StreamAbort(StreamAbort {
+                xid: 11,
+                subxid: 12,
+                abort: None,
+            }),
+            false,
+        ),
+        (
+            LogicalMessage::StreamAbort(StreamAbort {
+                xid: 11,
+                subxid: 11,
+                abort: Some((Lsn(12), t)),
+            }),
+            false,
+        ),
     ];
     for xid in [None, Some(12u32)] {
         let s = xid.is_some();
-        v.push((LogicalMessage::Relation(Relation {
-            xid, oid: 16384, namespace: "public".into(), name: "t".into(),
-            replica_identity: ReplicaIdentity::Full,
-            columns: vec![
-                RelationColumn { flags: 1, name: "id".into(), type_oid: 23, type_modifier: -1 },
-                RelationColumn { flags: 0, name: "v".into(), type_oid: 1043, type_modifier: 14 },
-            ],
-        }), s));
-        v.push((LogicalMessage::Type(TypeMessage { xid, oid: 90000, namespace: "public".into(), name: "mood".into() }), s));
-        v.push((LogicalMessage::Insert(Insert { xid, relation_oid: 16384, new: tuple() }), s));
-        v.push((LogicalMessage::Update(Update { xid, relation_oid: 16384, old: None, new: tuple() }), s));
-        v.push((LogicalMessage::Update(Update { xid, relation_oid: 16384, old: Some(OldTuple::Key(tuple())), new: tuple() }), s));
-        v.push((LogicalMessage::Update(Update { xid, relation_oid: 16384, old: Some(OldTuple::Full(tuple())), new: tuple() }), s));
-        v.push((LogicalMessage::Delete(Delete { xid, relation_oid: 16384, old: OldTuple::Key(tuple()) }), s));
-        v.push((LogicalMessage::Delete(Delete { xid, relation_oid: 16384, old: OldTuple::Full(tuple()) }), s));
-        v.push((LogicalMessage::Truncate(Truncate { xid, options: 3, relation_oids: vec![1, 2, 3] }), s));
-        v.push((LogicalMessage::Message(LogicalDecodingMessage {
-            xid, flags: 1, lsn: Lsn(77), prefix: "pfx".into(), content: Bytes::from_static(b"hello\0world"),
-        }), s));
+        v.push((
+            LogicalMessage::Relation(Relation {
+                xid,
+                oid: 16384,
+                namespace: "public".into(),
+                name: "t".into(),
+                replica_identity: ReplicaIdentity::Full,
+                columns: vec![
+                    RelationColumn {
+                        flags: 1,
+                        name: "id".into(),
+                        type_oid: 23,
+                        type_modifier: -1,
+                    },
+                    RelationColumn {
+                        flags: 0,
+                        name: "v".into(),
+                        type_oid: 1043,
+                        type_modifier: 14,
+                    },
+                ],
+            }),
+            s,
+        ));
+        v.push((
+            LogicalMessage::Type(TypeMessage {
+                xid,
+                oid: 90000,
+                namespace: "public".into(),
+                name: "mood".into(),
+            }),
+            s,
+        ));
+        v.push((
+            LogicalMessage::Insert(Insert {
+                xid,
+                relation_oid: 16384,
+                new: tuple(),
+            }),
+            s,
+        ));
+        v.push((
+            LogicalMessage::Update(Update {
+                xid,
+                relation_oid: 16384,
+                old: None,
+                new: tuple(),
+            }),
+            s,
+        ));
+        v.push((
+            LogicalMessage::Update(Update {
+                xid,
+                relation_oid: 16384,
+                old: Some(OldTuple::Key(tuple())),
+                new: tuple(),
+            }),
+            s,
+        ));
+        v.push((
+            LogicalMessage::Update(Update {
+                xid,
+                relation_oid: 16384,
+                old: Some(OldTuple::Full(tuple())),
+                new: tuple(),
+            }),
+            s,
+        ));
+        v.push((
+            LogicalMessage::Delete(Delete {
+                xid,
+                relation_oid: 16384,
+                old: OldTuple::Key(tuple()),
+            }),
+            s,
+        ));
+        v.push((
+            LogicalMessage::Delete(Delete {
+                xid,
+                relation_oid: 16384,
+                old: OldTuple::Full(tuple()),
+            }),
+            s,
+        ));
+        v.push((
+            LogicalMessage::Truncate(Truncate {
+                xid,
+                options: 3,
+                relation_oids: vec![1, 2, 3],
+            }),
+            s,
+        ));
+        v.push((
+            LogicalMessage::Message(LogicalDecodingMessage {
+                xid,
+                flags: 1,
+                lsn: Lsn(77),
+                prefix: "pfx".into(),
+                content: Bytes::from_static(b"hello\0world"),
+            }),
+            s,
+        ));
     }
     v
 }
@@ -78,7 +245,8 @@ fn samples() -> Vec<(LogicalMessage, bool)> {
 fn decoder(streamed: bool) -> Decoder {
     let mut d = Decoder::new();
     if streamed {
-        d.decode(Bytes::from_static(&[b'S', 0, 0, 0, 1, 1])).unwrap();
+        d.decode(Bytes::from_static(&[b'S', 0, 0, 0, 1, 1]))
+            .unwrap();
     }
     d
 }
@@ -105,12 +273,18 @@ fn truncations_are_errors() {
             let r = decoder(streamed).decode(cut);
             // StreamAbort's optional tail makes exactly one shorter length valid.
             if let Ok(m) = &r {
-                assert!(matches!(m, LogicalMessage::StreamAbort(_)) && n == 9, "{msg:?} cut at {n} decoded");
+                assert!(
+                    matches!(m, LogicalMessage::StreamAbort(_)) && n == 9,
+                    "{msg:?} cut at {n} decoded"
+                );
             }
         }
         let mut longer = BytesMut::from(&bytes[..]);
         longer.extend_from_slice(b"\x01");
-        assert!(decoder(streamed).decode(longer.freeze()).is_err(), "trailing byte accepted: {msg:?}");
+        assert!(
+            decoder(streamed).decode(longer.freeze()).is_err(),
+            "trailing byte accepted: {msg:?}"
+        );
     }
 }
 
@@ -141,17 +315,28 @@ fn random_mutations_never_panic() {
 #[test]
 fn replication_messages_roundtrip() {
     let x = BackendReplicationMessage::XLogData(XLogData {
-        wal_start: Lsn(1), wal_end: Lsn(2), server_time: PgTimestamp(3), data: Bytes::from_static(b"B..."),
+        wal_start: Lsn(1),
+        wal_end: Lsn(2),
+        server_time: PgTimestamp(3),
+        data: Bytes::from_static(b"B..."),
     });
     let k = BackendReplicationMessage::PrimaryKeepalive(PrimaryKeepalive {
-        wal_end: Lsn(5), server_time: PgTimestamp(6), reply_requested: false,
+        wal_end: Lsn(5),
+        server_time: PgTimestamp(6),
+        reply_requested: false,
     });
     for m in [x, k] {
         let mut b = BytesMut::new();
         m.encode(&mut b);
         assert_eq!(BackendReplicationMessage::decode(b.freeze()).unwrap(), m);
     }
-    let h = HotStandbyFeedback { client_time: PgTimestamp(1), xmin: 2, xmin_epoch: 3, catalog_xmin: 4, catalog_xmin_epoch: 5 };
+    let h = HotStandbyFeedback {
+        client_time: PgTimestamp(1),
+        xmin: 2,
+        xmin_epoch: 3,
+        catalog_xmin: 4,
+        catalog_xmin_epoch: 5,
+    };
     let mut b = BytesMut::new();
     h.encode(&mut b);
     assert_eq!(b.len(), 25);
@@ -180,12 +365,26 @@ fn truncation_errors_name_the_field() {
     let t = PgTimestamp(1);
     let cases: Vec<(LogicalMessage, &[&str])> = vec![
         (
-            LogicalMessage::Commit(Commit { flags: 0, commit_lsn: Lsn(1), end_lsn: Lsn(2), commit_time: t }),
-            &["commit.flags", "commit.commit_lsn", "commit.end_lsn", "commit.commit_time"],
+            LogicalMessage::Commit(Commit {
+                flags: 0,
+                commit_lsn: Lsn(1),
+                end_lsn: Lsn(2),
+                commit_time: t,
+            }),
+            &[
+                "commit.flags",
+                "commit.commit_lsn",
+                "commit.end_lsn",
+                "commit.commit_time",
+            ],
         ),
         (
             LogicalMessage::StreamCommit(StreamCommit {
-                xid: 3, flags: 0, commit_lsn: Lsn(1), end_lsn: Lsn(2), commit_time: t,
+                xid: 3,
+                flags: 0,
+                commit_lsn: Lsn(1),
+                end_lsn: Lsn(2),
+                commit_time: t,
             }),
             &[
                 "stream_commit.xid",
@@ -197,7 +396,11 @@ fn truncation_errors_name_the_field() {
         ),
         (
             LogicalMessage::BeginPrepare(BeginPrepare {
-                prepare_lsn: Lsn(4), end_lsn: Lsn(5), prepare_time: t, xid: 9, gid: "g".into(),
+                prepare_lsn: Lsn(4),
+                end_lsn: Lsn(5),
+                prepare_time: t,
+                xid: 9,
+                gid: "g".into(),
             }),
             &[
                 "begin_prepare.prepare_lsn",
@@ -209,13 +412,30 @@ fn truncation_errors_name_the_field() {
         ),
         (
             LogicalMessage::Prepare(Prepare {
-                flags: 0, prepare_lsn: Lsn(4), end_lsn: Lsn(5), prepare_time: t, xid: 9, gid: "g".into(),
+                flags: 0,
+                prepare_lsn: Lsn(4),
+                end_lsn: Lsn(5),
+                prepare_time: t,
+                xid: 9,
+                gid: "g".into(),
             }),
-            &["prepare.flags", "prepare.prepare_lsn", "prepare.end_lsn", "prepare.time", "prepare.xid", "prepare.gid"],
+            &[
+                "prepare.flags",
+                "prepare.prepare_lsn",
+                "prepare.end_lsn",
+                "prepare.time",
+                "prepare.xid",
+                "prepare.gid",
+            ],
         ),
         (
             LogicalMessage::CommitPrepared(CommitPrepared {
-                flags: 0, commit_lsn: Lsn(6), end_lsn: Lsn(7), commit_time: t, xid: 9, gid: "g".into(),
+                flags: 0,
+                commit_lsn: Lsn(6),
+                end_lsn: Lsn(7),
+                commit_time: t,
+                xid: 9,
+                gid: "g".into(),
             }),
             &[
                 "commit_prepared.flags",

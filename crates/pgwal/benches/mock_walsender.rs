@@ -51,8 +51,18 @@ fn workload(events: usize) -> Vec<Bytes> {
         name: "bench".into(),
         replica_identity: ReplicaIdentity::Default,
         columns: vec![
-            RelationColumn { flags: 1, name: "id".into(), type_oid: 23, type_modifier: -1 },
-            RelationColumn { flags: 0, name: "v".into(), type_oid: 25, type_modifier: -1 },
+            RelationColumn {
+                flags: 1,
+                name: "id".into(),
+                type_oid: 23,
+                type_modifier: -1,
+            },
+            RelationColumn {
+                flags: 0,
+                name: "v".into(),
+                type_oid: 25,
+                type_modifier: -1,
+            },
         ],
     });
     let mut out = vec![rel.to_bytes().freeze()];
@@ -63,20 +73,41 @@ fn workload(events: usize) -> Vec<Bytes> {
         xid += 1;
         let begin_lsn = lsn;
         lsn += (ROWS_PER_TXN as u64 + 2) * 120;
-        out.push(LogicalMessage::Begin(Begin { final_lsn: Lsn(lsn), commit_time: PgTimestamp(1), xid }).to_bytes().freeze());
+        out.push(
+            LogicalMessage::Begin(Begin {
+                final_lsn: Lsn(lsn),
+                commit_time: PgTimestamp(1),
+                xid,
+            })
+            .to_bytes()
+            .freeze(),
+        );
         for _ in 0..ROWS_PER_TXN {
             id += 1;
             let new = TupleData(vec![
                 ColumnValue::Text(Bytes::from(id.to_string())),
                 ColumnValue::Text(Bytes::from_static(b"narrow row payload 0123456789")),
             ]);
-            out.push(LogicalMessage::Insert(Insert { xid: None, relation_oid: 16384, new }).to_bytes().freeze());
+            out.push(
+                LogicalMessage::Insert(Insert {
+                    xid: None,
+                    relation_oid: 16384,
+                    new,
+                })
+                .to_bytes()
+                .freeze(),
+            );
         }
         let _ = begin_lsn;
         out.push(
-            LogicalMessage::Commit(Commit { flags: 0, commit_lsn: Lsn(lsn), end_lsn: Lsn(lsn + 48), commit_time: PgTimestamp(1) })
-                .to_bytes()
-                .freeze(),
+            LogicalMessage::Commit(Commit {
+                flags: 0,
+                commit_lsn: Lsn(lsn),
+                end_lsn: Lsn(lsn + 48),
+                commit_time: PgTimestamp(1),
+            })
+            .to_bytes()
+            .freeze(),
         );
     }
     out
@@ -136,7 +167,9 @@ fn serve(listener: TcpListener, wire: Vec<u8>) {
     msg(&mut out, b'Z', b"I");
     s.write_all(&out).unwrap();
     loop {
-        let Some((tag, body)) = read_msg(&mut s, false) else { return };
+        let Some((tag, body)) = read_msg(&mut s, false) else {
+            return;
+        };
         if tag != b'Q' {
             continue;
         }
@@ -186,7 +219,10 @@ fn max_rss_kb() -> u64 {
 }
 
 fn main() {
-    let events: usize = std::env::var("EVENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(2_000_000);
+    let events: usize = std::env::var("EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000_000);
     let msgs = workload(events);
     let n = msgs.len();
 
@@ -232,7 +268,10 @@ fn main() {
     let wire = wire.to_vec();
     std::thread::spawn(move || serve(listener, wire));
 
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         let config: pgwal::Config = format!("host=127.0.0.1 port={port} user=bench dbname=bench sslmode=disable").parse().unwrap();
         let mut s = pgwal::LogicalStream::start(config, pgwal::StreamConfig::new("bench", ["bench"]).proto_version(1)).await.unwrap();

@@ -9,7 +9,9 @@ use pgwal::{LogicalStream, StreamConfig, Streaming};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a: Vec<String> = std::env::args().collect();
     if a.len() < 5 {
-        return Err("usage: drain CONNINFO SLOT PUBLICATION STOP_LSN [PROTO] [off|on|parallel]".into());
+        return Err(
+            "usage: drain CONNINFO SLOT PUBLICATION STOP_LSN [PROTO] [off|on|parallel]".into(),
+        );
     }
     let mut cfg = StreamConfig::new(a[2].clone(), [a[3].clone()]).stop_lsn(a[4].parse()?);
     if let Some(p) = a.get(5) {
@@ -24,7 +26,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let us: u64 = us.parse()?;
         cfg = cfg.read_coalesce((us > 0).then(|| std::time::Duration::from_micros(us)));
     }
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async {
         let mut s = LogicalStream::start(a[1].parse()?, cfg).await?;
         let (mut events, mut inserts) = (0u64, 0u64);

@@ -19,7 +19,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let count: usize = a.get(5).map(|v| v.parse()).transpose()?.unwrap_or(1000);
     let interval = Duration::from_millis(a.get(6).map(|v| v.parse()).transpose()?.unwrap_or(5));
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     rt.block_on(async {
         let config: pgwal::Config = a[1].parse()?;
         let mut stream = LogicalStream::start(config.clone(), StreamConfig::new(a[2].clone(), [a[3].clone()])).await?;

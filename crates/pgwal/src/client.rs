@@ -9,8 +9,8 @@ use postgres_protocol::message::frontend;
 use tokio::io::{split, AsyncWriteExt, ReadHalf, WriteHalf};
 
 use crate::commands::{
-    quote_literal, validate_slot_name, CreateSlotOptions, IdentifySystem, NextTimeline, SlotInfo, SlotSnapshot,
-    TimelineHistory,
+    quote_literal, validate_slot_name, CreateSlotOptions, IdentifySystem, NextTimeline, SlotInfo,
+    SlotSnapshot, TimelineHistory,
 };
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -70,7 +70,9 @@ pub struct ReplicationClient {
 
 impl std::fmt::Debug for ReplicationClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReplicationClient").field("backend_pid", &self.backend_pid).finish_non_exhaustive()
+        f.debug_struct("ReplicationClient")
+            .field("backend_pid", &self.backend_pid)
+            .finish_non_exhaustive()
     }
 }
 
@@ -97,7 +99,8 @@ impl ReplicationClient {
         let t = socket::connect(config).await?;
         let (r, mut w) = split(t.io);
         let mut reader = FrameReader::new(r);
-        let info = startup::startup(config, t.tls_end_point, &mut reader, &mut w, replication).await?;
+        let info =
+            startup::startup(config, t.tls_end_point, &mut reader, &mut w, replication).await?;
         Ok(ReplicationClient {
             reader,
             writer: w,
@@ -114,7 +117,10 @@ impl ReplicationClient {
 
     /// A server parameter reported at startup, e.g. `server_version`.
     pub fn parameter(&self, name: &str) -> Option<&str> {
-        self.parameters.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+        self.parameters
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
     }
 
     /// The server's major version (e.g. 15), from `server_version`.
@@ -141,7 +147,8 @@ impl ReplicationClient {
         loop {
             match self.reader.read().await? {
                 Backend::Other(Message::RowDescription(d)) => {
-                    let names: Vec<String> = d.fields().map(|f| Ok(f.name().to_owned())).collect()?;
+                    let names: Vec<String> =
+                        d.fields().map(|f| Ok(f.name().to_owned())).collect()?;
                     columns = names.into();
                     rows.clear();
                 }
@@ -172,7 +179,11 @@ impl ReplicationClient {
     }
 
     /// Runs a `COPY ... TO STDOUT` statement, handing each CopyData chunk to `f`.
-    pub async fn copy_out(&mut self, sql: &str, mut f: impl FnMut(&[u8]) -> Result<()>) -> Result<u64> {
+    pub async fn copy_out(
+        &mut self,
+        sql: &str,
+        mut f: impl FnMut(&[u8]) -> Result<()>,
+    ) -> Result<u64> {
         self.send_query(sql).await?;
         let mut error = None;
         let mut rows = 0;
@@ -186,7 +197,12 @@ impl ReplicationClient {
                     }
                 }
                 Backend::Other(Message::CommandComplete(c)) => {
-                    rows = c.tag()?.rsplit(' ').next().and_then(|n| n.parse().ok()).unwrap_or(0);
+                    rows = c
+                        .tag()?
+                        .rsplit(' ')
+                        .next()
+                        .and_then(|n| n.parse().ok())
+                        .unwrap_or(0);
                 }
                 Backend::Other(Message::ErrorResponse(b)) => {
                     error = Some(Error::Db(crate::framing::db_error(b.fields())?));
@@ -194,7 +210,10 @@ impl ReplicationClient {
                 Backend::Other(Message::ReadyForQuery(_)) => break,
                 Backend::Other(_) => {}
                 Backend::CopyBothResponse => {
-                    return Err(Error::UnexpectedMessage { context: "COPY", tag: b'W' })
+                    return Err(Error::UnexpectedMessage {
+                        context: "COPY",
+                        tag: b'W',
+                    })
                 }
             }
         }
@@ -209,15 +228,28 @@ impl ReplicationClient {
         let rows = self.simple_query("IDENTIFY_SYSTEM").await?;
         let r = rows.first().ok_or(Error::BadResult("IDENTIFY_SYSTEM"))?;
         Ok(IdentifySystem {
-            system_id: r.get("systemid").ok_or(Error::BadResult("IDENTIFY_SYSTEM"))?.to_owned(),
-            timeline: r.get("timeline").and_then(|t| t.parse().ok()).ok_or(Error::BadResult("IDENTIFY_SYSTEM"))?,
-            xlog_pos: r.get("xlogpos").and_then(|t| t.parse().ok()).ok_or(Error::BadResult("IDENTIFY_SYSTEM"))?,
+            system_id: r
+                .get("systemid")
+                .ok_or(Error::BadResult("IDENTIFY_SYSTEM"))?
+                .to_owned(),
+            timeline: r
+                .get("timeline")
+                .and_then(|t| t.parse().ok())
+                .ok_or(Error::BadResult("IDENTIFY_SYSTEM"))?,
+            xlog_pos: r
+                .get("xlogpos")
+                .and_then(|t| t.parse().ok())
+                .ok_or(Error::BadResult("IDENTIFY_SYSTEM"))?,
             dbname: r.get("dbname").map(str::to_owned),
         })
     }
 
     /// `CREATE_REPLICATION_SLOT ... LOGICAL pgoutput (...)` (PostgreSQL 15+ syntax).
-    pub async fn create_logical_slot(&mut self, name: &str, opts: &CreateSlotOptions) -> Result<SlotInfo> {
+    pub async fn create_logical_slot(
+        &mut self,
+        name: &str,
+        opts: &CreateSlotOptions,
+    ) -> Result<SlotInfo> {
         validate_slot_name(name)?;
         let mut sql = format!("CREATE_REPLICATION_SLOT {name}");
         if opts.temporary {
@@ -238,7 +270,9 @@ impl ReplicationClient {
         }
         sql.push_str(&format!(" ({})", o.join(", ")));
         let rows = self.simple_query(&sql).await?;
-        let r = rows.first().ok_or(Error::BadResult("CREATE_REPLICATION_SLOT"))?;
+        let r = rows
+            .first()
+            .ok_or(Error::BadResult("CREATE_REPLICATION_SLOT"))?;
         Ok(SlotInfo {
             slot_name: r.get("slot_name").unwrap_or(name).to_owned(),
             consistent_point: r
@@ -253,13 +287,21 @@ impl ReplicationClient {
     /// `DROP_REPLICATION_SLOT name [WAIT]`.
     pub async fn drop_slot(&mut self, name: &str, wait: bool) -> Result<()> {
         validate_slot_name(name)?;
-        let sql = format!("DROP_REPLICATION_SLOT {name}{}", if wait { " WAIT" } else { "" });
+        let sql = format!(
+            "DROP_REPLICATION_SLOT {name}{}",
+            if wait { " WAIT" } else { "" }
+        );
         self.simple_query(&sql).await.map(drop)
     }
 
     /// `ALTER_REPLICATION_SLOT name (FAILOVER x, TWO_PHASE y)` (PostgreSQL 17+;
     /// `TWO_PHASE` 18+). `None` leaves an option unchanged.
-    pub async fn alter_slot(&mut self, name: &str, failover: Option<bool>, two_phase: Option<bool>) -> Result<()> {
+    pub async fn alter_slot(
+        &mut self,
+        name: &str,
+        failover: Option<bool>,
+        two_phase: Option<bool>,
+    ) -> Result<()> {
         validate_slot_name(name)?;
         let mut o = Vec::new();
         if let Some(f) = failover {
@@ -271,28 +313,40 @@ impl ReplicationClient {
         if o.is_empty() {
             return Ok(());
         }
-        self.simple_query(&format!("ALTER_REPLICATION_SLOT {name} ({})", o.join(", "))).await.map(drop)
+        self.simple_query(&format!("ALTER_REPLICATION_SLOT {name} ({})", o.join(", ")))
+            .await
+            .map(drop)
     }
 
     /// `READ_REPLICATION_SLOT name` (PostgreSQL 15+, physical slots): the
     /// slot type, restart LSN and its timeline; `None` if the slot is missing.
     pub async fn read_slot(&mut self, name: &str) -> Result<Option<(String, Lsn, u32)>> {
         validate_slot_name(name)?;
-        let rows = self.simple_query(&format!("READ_REPLICATION_SLOT {name}")).await?;
-        let r = rows.first().ok_or(Error::BadResult("READ_REPLICATION_SLOT"))?;
+        let rows = self
+            .simple_query(&format!("READ_REPLICATION_SLOT {name}"))
+            .await?;
+        let r = rows
+            .first()
+            .ok_or(Error::BadResult("READ_REPLICATION_SLOT"))?;
         match r.get("slot_type") {
             None => Ok(None),
             Some(t) => Ok(Some((
                 t.to_owned(),
-                r.get("restart_lsn").and_then(|l| l.parse().ok()).unwrap_or_default(),
-                r.get("restart_tli").and_then(|l| l.parse().ok()).unwrap_or_default(),
+                r.get("restart_lsn")
+                    .and_then(|l| l.parse().ok())
+                    .unwrap_or_default(),
+                r.get("restart_tli")
+                    .and_then(|l| l.parse().ok())
+                    .unwrap_or_default(),
             ))),
         }
     }
 
     /// `TIMELINE_HISTORY tli`.
     pub async fn timeline_history(&mut self, timeline: u32) -> Result<TimelineHistory> {
-        let rows = self.simple_query(&format!("TIMELINE_HISTORY {timeline}")).await?;
+        let rows = self
+            .simple_query(&format!("TIMELINE_HISTORY {timeline}"))
+            .await?;
         let r = rows.first().ok_or(Error::BadResult("TIMELINE_HISTORY"))?;
         Ok(TimelineHistory {
             filename: r.get("filename").unwrap_or_default().to_owned(),
@@ -308,16 +362,28 @@ impl ReplicationClient {
                 quote_literal(name)
             ))
             .await?;
-        Ok(rows.first().map(|r| r.get_index(0).and_then(|l| l.parse().ok()).unwrap_or_default()))
+        Ok(rows.first().map(|r| {
+            r.get_index(0)
+                .and_then(|l| l.parse().ok())
+                .unwrap_or_default()
+        }))
     }
 
     /// Sends `START_REPLICATION SLOT slot LOGICAL start (options)` and waits
     /// for the server to enter CopyBoth mode.
-    pub async fn start_logical_replication(&mut self, slot: &str, start: Lsn, options: &[(&str, String)]) -> Result<()> {
+    pub async fn start_logical_replication(
+        &mut self,
+        slot: &str,
+        start: Lsn,
+        options: &[(&str, String)],
+    ) -> Result<()> {
         validate_slot_name(slot)?;
         let mut sql = format!("START_REPLICATION SLOT {slot} LOGICAL {start}");
         if !options.is_empty() {
-            let o: Vec<String> = options.iter().map(|(k, v)| format!("\"{k}\" {}", quote_literal(v))).collect();
+            let o: Vec<String> = options
+                .iter()
+                .map(|(k, v)| format!("\"{k}\" {}", quote_literal(v)))
+                .collect();
             sql.push_str(&format!(" ({})", o.join(", ")));
         }
         self.send_query(&sql).await?;
@@ -332,14 +398,21 @@ impl ReplicationClient {
 
     /// `SHOW name` (works on physical replication connections too).
     pub async fn show(&mut self, name: &str) -> Result<String> {
-        if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.') {
+        if !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+        {
             return Err(Error::Config {
                 key: name.to_owned(),
                 reason: "not a setting name",
             });
         }
         let rows = self.simple_query(&format!("SHOW {name}")).await?;
-        Ok(rows.first().and_then(|r| r.get_index(0)).ok_or(Error::BadResult("SHOW"))?.to_owned())
+        Ok(rows
+            .first()
+            .and_then(|r| r.get_index(0))
+            .ok_or(Error::BadResult("SHOW"))?
+            .to_owned())
     }
 
     /// `CREATE_REPLICATION_SLOT name [TEMPORARY] PHYSICAL (RESERVE_WAL true)`:
@@ -349,12 +422,19 @@ impl ReplicationClient {
         validate_slot_name(name)?;
         let temp = if temporary { " TEMPORARY" } else { "" };
         let rows = self
-            .simple_query(&format!("CREATE_REPLICATION_SLOT {name}{temp} PHYSICAL (RESERVE_WAL true)"))
+            .simple_query(&format!(
+                "CREATE_REPLICATION_SLOT {name}{temp} PHYSICAL (RESERVE_WAL true)"
+            ))
             .await?;
-        let r = rows.first().ok_or(Error::BadResult("CREATE_REPLICATION_SLOT"))?;
+        let r = rows
+            .first()
+            .ok_or(Error::BadResult("CREATE_REPLICATION_SLOT"))?;
         Ok(SlotInfo {
             slot_name: r.get("slot_name").unwrap_or(name).to_owned(),
-            consistent_point: r.get("consistent_point").and_then(|l| l.parse().ok()).unwrap_or_default(),
+            consistent_point: r
+                .get("consistent_point")
+                .and_then(|l| l.parse().ok())
+                .unwrap_or_default(),
             snapshot_name: None,
             output_plugin: None,
         })
@@ -416,8 +496,16 @@ impl ReplicationClient {
             match m {
                 Message::DataRow(d) => {
                     let values = text_values(&d)?;
-                    let tli = values.first().cloned().flatten().and_then(|v| v.parse().ok());
-                    let pos = values.get(1).cloned().flatten().and_then(|v| v.parse().ok());
+                    let tli = values
+                        .first()
+                        .cloned()
+                        .flatten()
+                        .and_then(|v| v.parse().ok());
+                    let pos = values
+                        .get(1)
+                        .cloned()
+                        .flatten()
+                        .and_then(|v| v.parse().ok());
                     if let (Some(timeline), Some(start)) = (tli, pos) {
                         next = Some(NextTimeline { timeline, start });
                     }
@@ -435,12 +523,20 @@ impl ReplicationClient {
 }
 
 /// The values of a DataRow as text (`None` for NULL).
-fn text_values(d: &postgres_protocol::message::backend::DataRowBody) -> Result<Vec<Option<String>>> {
+fn text_values(
+    d: &postgres_protocol::message::backend::DataRowBody,
+) -> Result<Vec<Option<String>>> {
     let buf = d.buffer();
-    Ok(d.ranges().map(|r| Ok(r.map(|r| String::from_utf8_lossy(&buf[r]).into_owned()))).collect()?)
+    Ok(d.ranges()
+        .map(|r| Ok(r.map(|r| String::from_utf8_lossy(&buf[r]).into_owned())))
+        .collect()?)
 }
 
-pub(crate) async fn send_copy_data(w: &mut WriteHalf<Box<dyn Socket>>, buf: &mut BytesMut, body: &[u8]) -> Result<()> {
+pub(crate) async fn send_copy_data(
+    w: &mut WriteHalf<Box<dyn Socket>>,
+    buf: &mut BytesMut,
+    body: &[u8],
+) -> Result<()> {
     frontend::CopyData::new(body)?.write(buf);
     w.write_all(buf).await?;
     w.flush().await?;

@@ -113,11 +113,14 @@ pub struct NextTimeline {
 pub(crate) fn validate_slot_name(name: &str) -> Result<()> {
     if name.is_empty()
         || name.len() > 63
-        || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
     {
         return Err(Error::Config {
             key: name.to_owned(),
-            reason: "slot names may contain only lower-case letters, digits and underscores (max 63)",
+            reason:
+                "slot names may contain only lower-case letters, digits and underscores (max 63)",
         });
     }
     Ok(())

@@ -141,7 +141,9 @@ impl Raw {
             "connect_timeout" => &mut self.connect_timeout,
             "passfile" => &mut self.passfile,
             // Accepted and ignored: set by this library itself.
-            "replication" | "client_encoding" | "options" | "fallback_application_name" => return Ok(()),
+            "replication" | "client_encoding" | "options" | "fallback_application_name" => {
+                return Ok(())
+            }
             _ => {
                 return Err(Error::Config {
                     key: key.to_owned(),
@@ -160,7 +162,9 @@ fn percent_decode(s: &str, key: &str) -> Result<String> {
     let mut i = 0;
     while i < b.len() {
         if b[i] == b'%' {
-            let hex = s.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok());
+            let hex = s
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok());
             match hex {
                 Some(v) => out.push(v),
                 None => {
@@ -325,14 +329,20 @@ impl Config {
     }
 
     fn from_raw(r: Raw) -> Result<Config> {
-        let host = r.host.or_else(|| env("PGHOST")).unwrap_or_else(|| "localhost".into());
+        let host = r
+            .host
+            .or_else(|| env("PGHOST"))
+            .unwrap_or_else(|| "localhost".into());
         if host.starts_with('/') || host.contains(',') {
             return Err(Error::Config {
                 key: format!("host={host}"),
                 reason: "only a single TCP host is supported",
             });
         }
-        let port = r.port.or_else(|| env("PGPORT")).unwrap_or_else(|| "5432".into());
+        let port = r
+            .port
+            .or_else(|| env("PGPORT"))
+            .unwrap_or_else(|| "5432".into());
         let port = port.parse().map_err(|_| Error::Config {
             key: format!("port={port}"),
             reason: "not a port number",
@@ -342,12 +352,19 @@ impl Config {
             .or_else(|| env("PGUSER"))
             .or_else(|| env("USER"))
             .unwrap_or_else(|| "postgres".into());
-        let dbname = r.dbname.or_else(|| env("PGDATABASE")).unwrap_or_else(|| user.clone());
+        let dbname = r
+            .dbname
+            .or_else(|| env("PGDATABASE"))
+            .unwrap_or_else(|| user.clone());
         let ssl_mode = match r.sslmode.or_else(|| env("PGSSLMODE")) {
             Some(m) => m.parse()?,
             None => SslMode::Prefer,
         };
-        let ssl_direct = match r.sslnegotiation.or_else(|| env("PGSSLNEGOTIATION")).as_deref() {
+        let ssl_direct = match r
+            .sslnegotiation
+            .or_else(|| env("PGSSLNEGOTIATION"))
+            .as_deref()
+        {
             None | Some("postgres") => false,
             Some("direct") => true,
             Some(other) => {
@@ -357,7 +374,11 @@ impl Config {
                 })
             }
         };
-        let channel_binding = match r.channel_binding.or_else(|| env("PGCHANNELBINDING")).as_deref() {
+        let channel_binding = match r
+            .channel_binding
+            .or_else(|| env("PGCHANNELBINDING"))
+            .as_deref()
+        {
             None | Some("prefer") => ChannelBinding::Prefer,
             Some("disable") => ChannelBinding::Disable,
             Some("require") => ChannelBinding::Require,
@@ -385,7 +406,10 @@ impl Config {
             password: r.password.or_else(|| env("PGPASSWORD")),
             dbname,
             ssl_mode,
-            ssl_root_cert: r.sslrootcert.or_else(|| env("PGSSLROOTCERT")).map(PathBuf::from),
+            ssl_root_cert: r
+                .sslrootcert
+                .or_else(|| env("PGSSLROOTCERT"))
+                .map(PathBuf::from),
             ssl_direct,
             channel_binding,
             application_name: r.application_name.or_else(|| env("PGAPPNAME")),
@@ -421,7 +445,8 @@ mod tests {
 
     #[test]
     fn kv_quoting_and_escapes() {
-        let c = Config::parse(r"host=h port=1 user=u password='it\'s a \\ test' dbname = d").unwrap();
+        let c =
+            Config::parse(r"host=h port=1 user=u password='it\'s a \\ test' dbname = d").unwrap();
         assert_eq!(c.password.as_deref(), Some(r"it's a \ test"));
         assert_eq!(c.dbname, "d");
         assert!(Config::parse("host").is_err());
@@ -432,7 +457,8 @@ mod tests {
 
     #[test]
     fn uri_forms() {
-        let c = Config::parse("postgres://[::1]:7/x?application_name=a%20b&sslmode=disable").unwrap();
+        let c =
+            Config::parse("postgres://[::1]:7/x?application_name=a%20b&sslmode=disable").unwrap();
         assert_eq!(c.host, "::1");
         assert_eq!(c.port, 7);
         assert_eq!(c.application_name.as_deref(), Some("a b"));

@@ -1,6 +1,8 @@
 //! Serde deserialization of rows into user types.
 
-use serde::de::{self, DeserializeSeed, Deserializer, IntoDeserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{
+    self, DeserializeSeed, Deserializer, IntoDeserializer, MapAccess, SeqAccess, Visitor,
+};
 
 use crate::error::Error;
 use crate::event::Row;
@@ -43,10 +45,14 @@ impl Row {
     pub fn deserialize<'de, T: serde::Deserialize<'de>>(&self) -> Result<T, DeError> {
         let mut cols = Vec::with_capacity(self.values().len());
         for (col, v) in self.iter() {
-            let value = decode(col.type_oid, v).map_err(|e| DeError(format!("column {}: {e}", col.name)))?;
+            let value = decode(col.type_oid, v)
+                .map_err(|e| DeError(format!("column {}: {e}", col.name)))?;
             cols.push((col.name.clone(), value));
         }
-        T::deserialize(RowDe { cols: cols.into_iter(), value: None })
+        T::deserialize(RowDe {
+            cols: cols.into_iter(),
+            value: None,
+        })
     }
 }
 
@@ -69,7 +75,10 @@ impl<'de> Deserializer<'de> for RowDe {
 
 impl<'de> MapAccess<'de> for RowDe {
     type Error = DeError;
-    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, DeError> {
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, DeError> {
         match self.cols.next() {
             Some((k, v)) => {
                 self.value = Some(v);
@@ -79,7 +88,10 @@ impl<'de> MapAccess<'de> for RowDe {
         }
     }
     fn next_value_seed<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<S::Value, DeError> {
-        let v = self.value.take().ok_or_else(|| DeError("value without key".into()))?;
+        let v = self
+            .value
+            .take()
+            .ok_or_else(|| DeError("value without key".into()))?;
         seed.deserialize(ValueDe(v))
     }
 }
@@ -88,14 +100,24 @@ struct ValueDe(Value);
 
 fn uuid_string(u: &[u8; 16]) -> String {
     let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
 }
 
 struct Seq(std::vec::IntoIter<Value>);
 
 impl<'de> SeqAccess<'de> for Seq {
     type Error = DeError;
-    fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>, DeError> {
+    fn next_element_seed<T: DeserializeSeed<'de>>(
+        &mut self,
+        seed: T,
+    ) -> Result<Option<T::Value>, DeError> {
         match self.0.next() {
             Some(v) => seed.deserialize(ValueDe(v)).map(Some),
             None => Ok(None),
@@ -109,7 +131,9 @@ impl<'de> Deserializer<'de> for ValueDe {
     fn deserialize_any<V: Visitor<'de>>(self, v: V) -> Result<V::Value, DeError> {
         match self.0 {
             Value::Null => v.visit_none(),
-            Value::UnchangedToast => Err(DeError("unchanged TOAST value was not sent by the server".into())),
+            Value::UnchangedToast => Err(DeError(
+                "unchanged TOAST value was not sent by the server".into(),
+            )),
             Value::Bool(b) => v.visit_bool(b),
             Value::Int(i) => v.visit_i64(i),
             Value::Float(f) => v.visit_f64(f),
@@ -132,7 +156,10 @@ impl<'de> Deserializer<'de> for ValueDe {
 
     fn deserialize_f64<V: Visitor<'de>>(self, v: V) -> Result<V::Value, DeError> {
         match self.0 {
-            Value::Numeric(s) => v.visit_f64(s.parse().map_err(|_| DeError(format!("numeric {s} is not an f64")))?),
+            Value::Numeric(s) => v.visit_f64(
+                s.parse()
+                    .map_err(|_| DeError(format!("numeric {s} is not an f64")))?,
+            ),
             other => ValueDe(other).deserialize_any(v),
         }
     }
@@ -143,7 +170,10 @@ impl<'de> Deserializer<'de> for ValueDe {
 
     fn deserialize_i64<V: Visitor<'de>>(self, v: V) -> Result<V::Value, DeError> {
         match self.0 {
-            Value::Numeric(s) => v.visit_i64(s.parse().map_err(|_| DeError(format!("numeric {s} is not an i64")))?),
+            Value::Numeric(s) => v.visit_i64(
+                s.parse()
+                    .map_err(|_| DeError(format!("numeric {s} is not an i64")))?,
+            ),
             other => ValueDe(other).deserialize_any(v),
         }
     }
@@ -151,12 +181,20 @@ impl<'de> Deserializer<'de> for ValueDe {
     fn deserialize_seq<V: Visitor<'de>>(self, v: V) -> Result<V::Value, DeError> {
         match self.0 {
             // Vec<u8> asks for a sequence.
-            Value::Bytes(b) => v.visit_seq(Seq(b.into_iter().map(|x| Value::Int(x.into())).collect::<Vec<_>>().into_iter())),
+            Value::Bytes(b) => v.visit_seq(Seq(b
+                .into_iter()
+                .map(|x| Value::Int(x.into()))
+                .collect::<Vec<_>>()
+                .into_iter())),
             other => ValueDe(other).deserialize_any(v),
         }
     }
 
-    fn deserialize_newtype_struct<V: Visitor<'de>>(self, _name: &'static str, v: V) -> Result<V::Value, DeError> {
+    fn deserialize_newtype_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        v: V,
+    ) -> Result<V::Value, DeError> {
         v.visit_newtype_struct(self)
     }
 
@@ -168,7 +206,9 @@ impl<'de> Deserializer<'de> for ValueDe {
     ) -> Result<V::Value, DeError> {
         match self.0 {
             Value::Text(s) => v.visit_enum(s.into_deserializer()),
-            Value::Json(j) => j.deserialize_enum(name, variants, v).map_err(|e| DeError(e.to_string())),
+            Value::Json(j) => j
+                .deserialize_enum(name, variants, v)
+                .map_err(|e| DeError(e.to_string())),
             _ => Err(DeError("enums deserialize from text".into())),
         }
     }

@@ -22,7 +22,11 @@ pub struct DbError {
 
 impl fmt::Display for DbError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {} (SQLSTATE {})", self.severity, self.message, self.code)?;
+        write!(
+            f,
+            "{}: {} (SQLSTATE {})",
+            self.severity, self.message, self.code
+        )?;
         if let Some(d) = &self.detail {
             write!(f, "; DETAIL: {d}")?;
         }
@@ -66,7 +70,16 @@ impl DbError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self.code.as_str(),
-            "55006" | "57P01" | "57P02" | "57P03" | "53300" | "40001" | "40P01" | "08006" | "08001" | "08004"
+            "55006"
+                | "57P01"
+                | "57P02"
+                | "57P03"
+                | "53300"
+                | "40001"
+                | "40P01"
+                | "08006"
+                | "08001"
+                | "08004"
         ) || self.code.starts_with("08")
     }
 }
@@ -175,20 +188,37 @@ impl fmt::Display for Error {
             Error::UnexpectedMessage { context, tag } => {
                 write!(f, "unexpected message '{}' during {context}", *tag as char)
             }
-            Error::UnsupportedAuthentication(m) => write!(f, "unsupported authentication method {m}"),
-            Error::PasswordMissing => write!(f, "the server requested a password and none was supplied"),
+            Error::UnsupportedAuthentication(m) => {
+                write!(f, "unsupported authentication method {m}")
+            }
+            Error::PasswordMissing => {
+                write!(f, "the server requested a password and none was supplied")
+            }
             Error::Sasl(e) => write!(f, "SCRAM authentication failed: {e}"),
-            Error::Config { key, reason } => write!(f, "invalid connection option {key:?}: {reason}"),
-            Error::UnknownRelation(oid) => write!(f, "change for relation {oid} before its Relation message"),
+            Error::Config { key, reason } => {
+                write!(f, "invalid connection option {key:?}: {reason}")
+            }
+            Error::UnknownRelation(oid) => {
+                write!(f, "change for relation {oid} before its Relation message")
+            }
             Error::BadResult(what) => write!(f, "unexpected result shape for {what}"),
             Error::Column { column, reason } => write!(f, "column {column:?}: {reason}"),
-            Error::RetriesExhausted { attempts, last } => write!(f, "gave up after {attempts} attempts: {last}"),
+            Error::RetriesExhausted { attempts, last } => {
+                write!(f, "gave up after {attempts} attempts: {last}")
+            }
             Error::Closed => write!(f, "stream closed"),
-            Error::WalDir { path, op, source } => write!(f, "cannot {op} {}: {source}", path.display()),
+            Error::WalDir { path, op, source } => {
+                write!(f, "cannot {op} {}: {source}", path.display())
+            }
             Error::WalFile { path, reason } => write!(f, "{}: {reason}", path.display()),
-            Error::WalGap { expected, got } => write!(f, "WAL gap: expected data at {expected}, server sent {got}"),
+            Error::WalGap { expected, got } => {
+                write!(f, "WAL gap: expected data at {expected}, server sent {got}")
+            }
             Error::TimelineNotOnServer { requested, server } => {
-                write!(f, "timeline {requested} is not on the server (its current timeline is {server})")
+                write!(
+                    f,
+                    "timeline {requested} is not on the server (its current timeline is {server})"
+                )
             }
         }
     }

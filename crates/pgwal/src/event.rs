@@ -3,8 +3,9 @@
 use std::sync::Arc;
 
 use pgwal_protocol::pgoutput::{
-    Begin, BeginPrepare, ColumnValue, Commit, CommitPrepared, LogicalDecodingMessage, Origin, Prepare, Relation,
-    RelationColumn, RollbackPrepared, StreamAbort, StreamCommit, StreamStart, TupleData, TypeMessage,
+    Begin, BeginPrepare, ColumnValue, Commit, CommitPrepared, LogicalDecodingMessage, Origin,
+    Prepare, Relation, RelationColumn, RollbackPrepared, StreamAbort, StreamCommit, StreamStart,
+    TupleData, TypeMessage,
 };
 use pgwal_protocol::Lsn;
 

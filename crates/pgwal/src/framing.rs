@@ -82,7 +82,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     pub(crate) fn should_coalesce(&self) -> bool {
         !self.has_frame()
             && self.last_read_len < 32 * 1024
-            && self.last_read_at.is_some_and(|t| t.elapsed() < std::time::Duration::from_millis(10))
+            && self
+                .last_read_at
+                .is_some_and(|t| t.elapsed() < std::time::Duration::from_millis(10))
     }
 
     /// The next message. Cancel-safe.
@@ -111,8 +113,11 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     pub(crate) async fn read_ok(&mut self) -> Result<Backend> {
         loop {
             match self.read().await? {
-                Backend::Other(Message::ErrorResponse(body)) => return Err(Error::Db(db_error(body.fields())?)),
-                Backend::Other(Message::NoticeResponse(_)) | Backend::Other(Message::ParameterStatus(_)) => {}
+                Backend::Other(Message::ErrorResponse(body)) => {
+                    return Err(Error::Db(db_error(body.fields())?))
+                }
+                Backend::Other(Message::NoticeResponse(_))
+                | Backend::Other(Message::ParameterStatus(_)) => {}
                 m => return Ok(m),
             }
         }
@@ -120,14 +125,24 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
 }
 
 fn unreachable_frame() -> Result<Backend> {
-    Err(Error::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, "incomplete frame")))
+    Err(Error::Io(std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        "incomplete frame",
+    )))
 }
 
 /// Builds a [`DbError`] from ErrorResponse fields.
-pub(crate) fn db_error(mut fields: postgres_protocol::message::backend::ErrorFields<'_>) -> Result<DbError> {
+pub(crate) fn db_error(
+    mut fields: postgres_protocol::message::backend::ErrorFields<'_>,
+) -> Result<DbError> {
     let mut v: Vec<(u8, String)> = Vec::new();
     while let Some(f) = fields.next()? {
-        v.push((f.type_(), String::from_utf8_lossy(f.value_bytes()).into_owned()));
+        v.push((
+            f.type_(),
+            String::from_utf8_lossy(f.value_bytes()).into_owned(),
+        ));
     }
-    Ok(DbError::from_fields(v.iter().map(|(t, s)| (*t, s.as_str()))))
+    Ok(DbError::from_fields(
+        v.iter().map(|(t, s)| (*t, s.as_str())),
+    ))
 }

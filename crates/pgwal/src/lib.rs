@@ -56,7 +56,9 @@ mod wal_dir;
 mod worker;
 
 pub use client::{ReplicationClient, SimpleRow};
-pub use commands::{CreateSlotOptions, IdentifySystem, NextTimeline, SlotInfo, SlotSnapshot, TimelineHistory};
+pub use commands::{
+    CreateSlotOptions, IdentifySystem, NextTimeline, SlotInfo, SlotSnapshot, TimelineHistory,
+};
 pub use config::{ChannelBinding, Config, SslMode};
 pub use error::{DbError, Error, Result};
 pub use event::{Change, Event, Row, TruncateEvent};

@@ -108,14 +108,20 @@ enum SessionEnd {
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| Error::Io(std::io::Error::other(e)))?
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Io(std::io::Error::other(e)))?
 }
 
 impl PhysicalReceiver {
     /// A receiver for the server of `config` (its `application_name` is what
     /// `synchronous_standby_names` matches).
     pub fn new(config: Config, pc: PhysicalConfig) -> Self {
-        PhysicalReceiver { config, pc, progress: Arc::default() }
+        PhysicalReceiver {
+            config,
+            pc,
+            progress: Arc::default(),
+        }
     }
 
     /// A handle on the receiver's positions.
@@ -165,7 +171,9 @@ impl PhysicalReceiver {
             (None, Some(p)) => (p.start, p.timeline),
             (None, None) => {
                 let mut from_slot = None;
-                if let (Some(slot), true) = (&r.pc.slot, client.server_major_version().unwrap_or(0) >= 15) {
+                if let (Some(slot), true) =
+                    (&r.pc.slot, client.server_major_version().unwrap_or(0) >= 15)
+                {
                     if let Some((kind, lsn, tli)) = client.read_slot(slot).await? {
                         if kind == "physical" && !lsn.is_invalid() && tli != 0 {
                             from_slot = Some((lsn, tli));
@@ -176,18 +184,25 @@ impl PhysicalReceiver {
             }
         };
         if timeline > sys.timeline {
-            return Err(Error::TimelineNotOnServer { requested: timeline, server: sys.timeline });
+            return Err(Error::TimelineNotOnServer {
+                requested: timeline,
+                server: sys.timeline,
+            });
         }
         let mut start = segs.segment_start(segs.segment_of(start));
         loop {
             if timeline > 1 && !r.with_dir(move |w| Ok(w.has_history(timeline))).await? {
                 let h = client.timeline_history(timeline).await?;
-                r.with_dir(move |w| w.write_history(timeline, h.content.as_bytes())).await?;
+                r.with_dir(move |w| w.write_history(timeline, h.content.as_bytes()))
+                    .await?;
             }
             r.timeline = timeline;
             r.progress.timeline.store(timeline, Ordering::SeqCst);
             let slot = r.pc.slot.clone();
-            let next = match client.start_physical_replication(slot.as_deref(), start, Some(timeline)).await? {
+            let next = match client
+                .start_physical_replication(slot.as_deref(), start, Some(timeline))
+                .await?
+            {
                 Some(next) => next,
                 None => match r.stream(&mut client, start, &mut shutdown).await {
                     Ok(SessionEnd::Stopped(why)) => return Ok(why),
@@ -241,7 +256,10 @@ struct Batch {
 }
 
 impl Receiver {
-    async fn with_dir<T: Send + 'static>(&self, f: impl FnOnce(&mut WalDir) -> Result<T> + Send + 'static) -> Result<T> {
+    async fn with_dir<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut WalDir) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
         let wal = self.wal.clone();
         blocking(move || f(&mut wal.lock().unwrap_or_else(|e| e.into_inner()))).await
     }
@@ -322,20 +340,30 @@ impl Receiver {
         b
     }
 
-    fn fill_batch(&mut self, client: &mut ReplicationClient, first: Backend, b: &mut Batch) -> Result<()> {
+    fn fill_batch(
+        &mut self,
+        client: &mut ReplicationClient,
+        first: Backend,
+        b: &mut Batch,
+    ) -> Result<()> {
         let mut next = Some(first);
         while let Some(m) = next.take() {
             match m {
                 Backend::CopyData(body) => match BackendReplicationMessage::decode(body)? {
                     BackendReplicationMessage::XLogData(x) => {
                         if x.wal_start != self.expected {
-                            return Err(Error::WalGap { expected: self.expected, got: x.wal_start });
+                            return Err(Error::WalGap {
+                                expected: self.expected,
+                                got: x.wal_start,
+                            });
                         }
                         self.expected = x.wal_start + x.data.len() as u64;
                         b.bytes += x.data.len();
                         b.chunks.push((x.wal_start, x.data));
                     }
-                    BackendReplicationMessage::PrimaryKeepalive(k) => b.reply_requested |= k.reply_requested,
+                    BackendReplicationMessage::PrimaryKeepalive(k) => {
+                        b.reply_requested |= k.reply_requested
+                    }
                     _ => {}
                 },
                 Backend::Other(Message::CopyDone) => {
@@ -343,10 +371,16 @@ impl Receiver {
                     b.caught_up = true;
                     return Ok(());
                 }
-                Backend::Other(Message::ErrorResponse(e)) => return Err(Error::Db(db_error(e.fields())?)),
-                Backend::Other(Message::NoticeResponse(_)) | Backend::Other(Message::ParameterStatus(_)) => {}
+                Backend::Other(Message::ErrorResponse(e)) => {
+                    return Err(Error::Db(db_error(e.fields())?))
+                }
+                Backend::Other(Message::NoticeResponse(_))
+                | Backend::Other(Message::ParameterStatus(_)) => {}
                 Backend::Other(_) | Backend::CopyBothResponse => {
-                    return Err(Error::UnexpectedMessage { context: "physical replication stream", tag: b'?' })
+                    return Err(Error::UnexpectedMessage {
+                        context: "physical replication stream",
+                        tag: b'?',
+                    })
                 }
             }
             if b.bytes >= self.pc.max_batch_bytes {

@@ -32,7 +32,8 @@ impl ToastCache {
             .filter(|(c, _)| c.is_key())
             .map(|(_, v)| v.clone())
             .collect();
-        (!k.is_empty() && !k.iter().any(|v| matches!(v, ColumnValue::UnchangedToast))).then_some((rel.oid, k))
+        (!k.is_empty() && !k.iter().any(|v| matches!(v, ColumnValue::UnchangedToast)))
+            .then_some((rel.oid, k))
     }
 
     fn fill(&self, rel: &Relation, new: &mut TupleData) {
@@ -70,7 +71,9 @@ impl ToastCache {
 
 fn merge_toast(new: &mut TupleData, old: &TupleData) {
     for (n, o) in new.0.iter_mut().zip(old.0.iter()) {
-        if *n == ColumnValue::UnchangedToast && matches!(o, ColumnValue::Text(_) | ColumnValue::Binary(_)) {
+        if *n == ColumnValue::UnchangedToast
+            && matches!(o, ColumnValue::Text(_) | ColumnValue::Binary(_))
+        {
             *n = o.clone();
         }
     }
@@ -89,7 +92,10 @@ impl RelationCache {
     }
 
     fn get(&self, oid: u32) -> Result<Arc<Relation>> {
-        self.by_oid.get(&oid).cloned().ok_or(Error::UnknownRelation(oid))
+        self.by_oid
+            .get(&oid)
+            .cloned()
+            .ok_or(Error::UnknownRelation(oid))
     }
 
     /// Converts one decoded message, updating the cache on Relation messages.
@@ -167,7 +173,10 @@ impl RelationCache {
                             tc.forget_relation(*o);
                         }
                     }
-                    t.relation_oids.iter().map(|o| self.get(*o)).collect::<Result<_>>()?
+                    t.relation_oids
+                        .iter()
+                        .map(|o| self.get(*o))
+                        .collect::<Result<_>>()?
                 },
                 xid: t.xid,
                 options: t.options,

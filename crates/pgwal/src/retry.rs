@@ -69,7 +69,10 @@ impl RetryConfig {
 
     /// The delay before attempt `attempt` (1-based).
     pub fn backoff(&self, attempt: u32) -> Duration {
-        let f = self.multiplier.max(1.0).powi(attempt.saturating_sub(1).min(64) as i32);
+        let f = self
+            .multiplier
+            .max(1.0)
+            .powi(attempt.saturating_sub(1).min(64) as i32);
         let d = self.initial_backoff.as_secs_f64() * f;
         Duration::from_secs_f64(d.min(self.max_backoff.as_secs_f64()))
     }

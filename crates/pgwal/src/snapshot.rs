@@ -122,9 +122,17 @@ pub async fn initial_copy(
 ) -> Result<InitialCopy> {
     let mut repl = ReplicationClient::connect(config).await?;
     let info = repl
-        .create_logical_slot(slot, &CreateSlotOptions::new().two_phase(two_phase).snapshot(SlotSnapshot::Export))
+        .create_logical_slot(
+            slot,
+            &CreateSlotOptions::new()
+                .two_phase(two_phase)
+                .snapshot(SlotSnapshot::Export),
+        )
         .await?;
-    let snapshot = info.snapshot_name.clone().ok_or(Error::BadResult("CREATE_REPLICATION_SLOT snapshot"))?;
+    let snapshot = info
+        .snapshot_name
+        .clone()
+        .ok_or(Error::BadResult("CREATE_REPLICATION_SLOT snapshot"))?;
     let result = async {
         let mut sql = ReplicationClient::connect_sql(config).await?;
         sql.simple_query(&format!(
@@ -146,7 +154,10 @@ pub async fn initial_copy(
             rows: 0,
         };
         for t in &tables {
-            let (schema, table) = (t.get_index(0).unwrap_or_default().to_owned(), t.get_index(1).unwrap_or_default().to_owned());
+            let (schema, table) = (
+                t.get_index(0).unwrap_or_default().to_owned(),
+                t.get_index(1).unwrap_or_default().to_owned(),
+            );
             let qualified = format!("{}.{}", quote_ident(&schema), quote_ident(&table));
             let columns: Vec<String> = sql
                 .simple_query(&format!(
@@ -161,7 +172,10 @@ pub async fn initial_copy(
             let cols: Vec<String> = columns.iter().map(|c| quote_ident(c)).collect();
             let mut partial: Vec<u8> = Vec::new();
             let mut handle_line = |line: &[u8]| -> Result<()> {
-                let values = line.split(|b| *b == b'\t').map(unescape).collect::<Result<Vec<_>>>()?;
+                let values = line
+                    .split(|b| *b == b'\t')
+                    .map(unescape)
+                    .collect::<Result<Vec<_>>>()?;
                 sink(SnapshotRow {
                     schema: &schema,
                     table: &table,
@@ -170,14 +184,17 @@ pub async fn initial_copy(
                 })
             };
             let n = sql
-                .copy_out(&format!("COPY {qualified} ({}) TO STDOUT", cols.join(", ")), |chunk| {
-                    partial.extend_from_slice(chunk);
-                    while let Some(p) = partial.iter().position(|b| *b == b'\n') {
-                        let line: Vec<u8> = partial.drain(..=p).collect();
-                        handle_line(&line[..line.len() - 1])?;
-                    }
-                    Ok(())
-                })
+                .copy_out(
+                    &format!("COPY {qualified} ({}) TO STDOUT", cols.join(", ")),
+                    |chunk| {
+                        partial.extend_from_slice(chunk);
+                        while let Some(p) = partial.iter().position(|b| *b == b'\n') {
+                            let line: Vec<u8> = partial.drain(..=p).collect();
+                            handle_line(&line[..line.len() - 1])?;
+                        }
+                        Ok(())
+                    },
+                )
                 .await?;
             copied.rows += n;
             copied.tables.push(format!("{schema}.{table}"));
@@ -202,7 +219,10 @@ mod tests {
     #[test]
     fn copy_text_fields() {
         assert_eq!(unescape(b"\\N").unwrap(), None);
-        assert_eq!(unescape(b"a\\tb\\\\c\\nd").unwrap().as_deref(), Some("a\tb\\c\nd"));
+        assert_eq!(
+            unescape(b"a\\tb\\\\c\\nd").unwrap().as_deref(),
+            Some("a\tb\\c\nd")
+        );
         assert_eq!(unescape(b"\\101\\x42").unwrap().as_deref(), Some("AB"));
     }
 }

@@ -24,9 +24,12 @@ pub(crate) struct Transport {
 async fn tcp(config: &Config) -> Result<TcpStream> {
     let connect = TcpStream::connect((config.host.as_str(), config.port));
     let s = match config.connect_timeout {
-        Some(t) => tokio::time::timeout(t, connect)
-            .await
-            .map_err(|_| Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timeout")))??,
+        Some(t) => tokio::time::timeout(t, connect).await.map_err(|_| {
+            Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "connect timeout",
+            ))
+        })??,
         None => connect.await?,
     };
     s.set_nodelay(true)?;
@@ -35,12 +38,15 @@ async fn tcp(config: &Config) -> Result<TcpStream> {
 
 async fn handshake(config: &Config, s: TcpStream) -> Result<Transport> {
     let connector = TlsConnector::from(tls::client_config(config)?);
-    let tls = connector.connect(tls::server_name(&config.host)?, s).await.map_err(|e| {
-        match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
-            Some(t) => Error::Tls(t.clone()),
-            None => Error::Io(e),
-        }
-    })?;
+    let tls = connector
+        .connect(tls::server_name(&config.host)?, s)
+        .await
+        .map_err(
+            |e| match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+                Some(t) => Error::Tls(t.clone()),
+                None => Error::Io(e),
+            },
+        )?;
     let end_point = tls
         .get_ref()
         .1

@@ -64,12 +64,24 @@ where
     loop {
         let m = match r.read_ok().await? {
             Backend::Other(m) => m,
-            Backend::CopyData(_) => return Err(Error::UnexpectedMessage { context: "authentication", tag: b'd' }),
-            Backend::CopyBothResponse => return Err(Error::UnexpectedMessage { context: "authentication", tag: b'W' }),
+            Backend::CopyData(_) => {
+                return Err(Error::UnexpectedMessage {
+                    context: "authentication",
+                    tag: b'd',
+                })
+            }
+            Backend::CopyBothResponse => {
+                return Err(Error::UnexpectedMessage {
+                    context: "authentication",
+                    tag: b'W',
+                })
+            }
         };
         match m {
             Message::AuthenticationOk if require_binding && !bound => {
-                return Err(Error::UnsupportedAuthentication("channel_binding=require, but the server authenticated without it"))
+                return Err(Error::UnsupportedAuthentication(
+                    "channel_binding=require, but the server authenticated without it",
+                ))
             }
             Message::AuthenticationOk => break,
             Message::AuthenticationCleartextPassword => {
@@ -89,51 +101,95 @@ where
                     plus |= m == sasl::SCRAM_SHA_256_PLUS;
                     plain |= m == sasl::SCRAM_SHA_256;
                 }
-                let tls_end_point = tls_end_point.as_ref().filter(|_| config.channel_binding != ChannelBinding::Disable);
+                let tls_end_point = tls_end_point
+                    .as_ref()
+                    .filter(|_| config.channel_binding != ChannelBinding::Disable);
                 if require_binding && !(plus && tls_end_point.is_some()) {
-                    return Err(Error::UnsupportedAuthentication("channel_binding=require, but SCRAM-SHA-256-PLUS is not available"));
+                    return Err(Error::UnsupportedAuthentication(
+                        "channel_binding=require, but SCRAM-SHA-256-PLUS is not available",
+                    ));
                 }
                 bound = plus && tls_end_point.is_some();
                 let (mechanism, binding) = match (tls_end_point, plus, plain) {
-                    (Some(ep), true, _) => (sasl::SCRAM_SHA_256_PLUS, sasl::ChannelBinding::tls_server_end_point(ep.clone())),
-                    (Some(_), false, true) => (sasl::SCRAM_SHA_256, sasl::ChannelBinding::unrequested()),
+                    (Some(ep), true, _) => (
+                        sasl::SCRAM_SHA_256_PLUS,
+                        sasl::ChannelBinding::tls_server_end_point(ep.clone()),
+                    ),
+                    (Some(_), false, true) => {
+                        (sasl::SCRAM_SHA_256, sasl::ChannelBinding::unrequested())
+                    }
                     (None, _, true) => (sasl::SCRAM_SHA_256, sasl::ChannelBinding::unsupported()),
-                    _ => return Err(Error::UnsupportedAuthentication("SASL without SCRAM-SHA-256")),
+                    _ => {
+                        return Err(Error::UnsupportedAuthentication(
+                            "SASL without SCRAM-SHA-256",
+                        ))
+                    }
                 };
                 let mut scram = sasl::ScramSha256::new(password()?.as_bytes(), binding);
                 frontend::sasl_initial_response(mechanism, scram.message(), &mut buf)?;
                 send(w, &mut buf).await?;
                 match r.read_ok().await? {
-                    Backend::Other(Message::AuthenticationSaslContinue(b)) => scram.update(b.data()).map_err(Error::Sasl)?,
-                    _ => return Err(Error::UnexpectedMessage { context: "SCRAM continue", tag: b'R' }),
+                    Backend::Other(Message::AuthenticationSaslContinue(b)) => {
+                        scram.update(b.data()).map_err(Error::Sasl)?
+                    }
+                    _ => {
+                        return Err(Error::UnexpectedMessage {
+                            context: "SCRAM continue",
+                            tag: b'R',
+                        })
+                    }
                 }
                 frontend::sasl_response(scram.message(), &mut buf)?;
                 send(w, &mut buf).await?;
                 match r.read_ok().await? {
-                    Backend::Other(Message::AuthenticationSaslFinal(b)) => scram.finish(b.data()).map_err(Error::Sasl)?,
-                    _ => return Err(Error::UnexpectedMessage { context: "SCRAM final", tag: b'R' }),
+                    Backend::Other(Message::AuthenticationSaslFinal(b)) => {
+                        scram.finish(b.data()).map_err(Error::Sasl)?
+                    }
+                    _ => {
+                        return Err(Error::UnexpectedMessage {
+                            context: "SCRAM final",
+                            tag: b'R',
+                        })
+                    }
                 }
             }
             Message::AuthenticationGss | Message::AuthenticationGssContinue(_) => {
                 return Err(Error::UnsupportedAuthentication("GSSAPI"))
             }
             Message::AuthenticationSspi => return Err(Error::UnsupportedAuthentication("SSPI")),
-            Message::AuthenticationKerberosV5 => return Err(Error::UnsupportedAuthentication("Kerberos V5")),
-            Message::AuthenticationScmCredential => return Err(Error::UnsupportedAuthentication("SCM credential")),
-            _ => return Err(Error::UnexpectedMessage { context: "authentication", tag: b'?' }),
+            Message::AuthenticationKerberosV5 => {
+                return Err(Error::UnsupportedAuthentication("Kerberos V5"))
+            }
+            Message::AuthenticationScmCredential => {
+                return Err(Error::UnsupportedAuthentication("SCM credential"))
+            }
+            _ => {
+                return Err(Error::UnexpectedMessage {
+                    context: "authentication",
+                    tag: b'?',
+                })
+            }
         }
     }
     let mut info = StartupInfo::default();
     loop {
         match r.read().await? {
             Backend::Other(Message::ParameterStatus(p)) => {
-                info.parameters.push((p.name()?.to_owned(), p.value()?.to_owned()));
+                info.parameters
+                    .push((p.name()?.to_owned(), p.value()?.to_owned()));
             }
             Backend::Other(Message::BackendKeyData(k)) => info.backend_pid = k.process_id(),
             Backend::Other(Message::ReadyForQuery(_)) => return Ok(info),
-            Backend::Other(Message::ErrorResponse(b)) => return Err(Error::Db(crate::framing::db_error(b.fields())?)),
+            Backend::Other(Message::ErrorResponse(b)) => {
+                return Err(Error::Db(crate::framing::db_error(b.fields())?))
+            }
             Backend::Other(Message::NoticeResponse(_)) => {}
-            _ => return Err(Error::UnexpectedMessage { context: "startup", tag: b'?' }),
+            _ => {
+                return Err(Error::UnexpectedMessage {
+                    context: "startup",
+                    tag: b'?',
+                })
+            }
         }
     }
 }

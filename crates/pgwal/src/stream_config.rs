@@ -175,8 +175,15 @@ impl StreamConfig {
             14 => 2,
             _ => 1,
         });
-        let pubs: Vec<String> = self.publications.iter().map(|p| crate::commands::quote_ident(p)).collect();
-        let mut o = vec![("proto_version", proto.to_string()), ("publication_names", pubs.join(","))];
+        let pubs: Vec<String> = self
+            .publications
+            .iter()
+            .map(|p| crate::commands::quote_ident(p))
+            .collect();
+        let mut o = vec![
+            ("proto_version", proto.to_string()),
+            ("publication_names", pubs.join(",")),
+        ];
         match self.streaming {
             Streaming::Off => {}
             Streaming::On => o.push(("streaming", "on".into())),

@@ -114,7 +114,9 @@ pub(crate) fn client_config(config: &Config) -> Result<Arc<rustls::ClientConfig>
         .with_safe_default_protocol_versions()
         .map_err(Error::Tls)?;
     let mut tls = match config.ssl_mode {
-        SslMode::VerifyFull => builder.with_root_certificates(roots(config)?).with_no_client_auth(),
+        SslMode::VerifyFull => builder
+            .with_root_certificates(roots(config)?)
+            .with_no_client_auth(),
         SslMode::VerifyCa => {
             let v = WebPkiServerVerifier::builder_with_provider(Arc::new(roots(config)?), provider)
                 .build()
@@ -144,5 +146,7 @@ pub(crate) fn server_name(host: &str) -> Result<ServerName<'static>> {
 /// `tls-server-end-point` channel binding data: SHA-256 of the server's
 /// certificate (correct for certificates signed with SHA-1 or SHA-256).
 pub(crate) fn end_point_hash(cert: &[u8]) -> Vec<u8> {
-    ring::digest::digest(&ring::digest::SHA256, cert).as_ref().to_vec()
+    ring::digest::digest(&ring::digest::SHA256, cert)
+        .as_ref()
+        .to_vec()
 }

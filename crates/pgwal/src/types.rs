@@ -127,14 +127,20 @@ fn decode_text(t: u32, s: &str) -> Result<Value> {
     if let Some(elem) = oid::array_element(t) {
         return parse_array(elem, s);
     }
-    let int = |s: &str| s.parse::<i64>().map(Value::Int).map_err(|e| bad(s, e.to_string()));
+    let int = |s: &str| {
+        s.parse::<i64>()
+            .map(Value::Int)
+            .map_err(|e| bad(s, e.to_string()))
+    };
     Ok(match t {
         oid::BOOL => Value::Bool(s == "t"),
         oid::INT2 | oid::INT4 | oid::INT8 | oid::OID => int(s)?,
         oid::FLOAT4 | oid::FLOAT8 => Value::Float(parse_float(s)?),
         oid::NUMERIC => Value::Numeric(s.to_owned()),
         oid::BYTEA => Value::Bytes(parse_hex_bytea(s)?),
-        oid::JSON | oid::JSONB => Value::Json(serde_json::from_str(s).map_err(|e| bad(s, e.to_string()))?),
+        oid::JSON | oid::JSONB => {
+            Value::Json(serde_json::from_str(s).map_err(|e| bad(s, e.to_string()))?)
+        }
         oid::UUID => Value::Uuid(parse_uuid(s)?),
         oid::TIMESTAMP | oid::TIMESTAMPTZ => Value::Timestamp(parse_timestamp(s)?),
         oid::DATE => Value::Date(parse_date(s)?),
@@ -152,7 +158,9 @@ fn parse_float(s: &str) -> Result<f64> {
 }
 
 fn parse_hex_bytea(s: &str) -> Result<Vec<u8>> {
-    let h = s.strip_prefix("\\x").ok_or_else(|| bad(s, "bytea not in hex format"))?;
+    let h = s
+        .strip_prefix("\\x")
+        .ok_or_else(|| bad(s, "bytea not in hex format"))?;
     if h.len() % 2 != 0 {
         return Err(bad(s, "odd hex length"));
     }
@@ -189,7 +197,11 @@ fn parse_date(s: &str) -> Result<i32> {
         None => (s, false),
     };
     let mut it = s.splitn(3, '-');
-    let mut num = || -> Result<i64> { it.next().and_then(|p| p.parse().ok()).ok_or_else(|| bad(s, "bad date")) };
+    let mut num = || -> Result<i64> {
+        it.next()
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| bad(s, "bad date"))
+    };
     let (y, m, d) = (num()?, num()?, num()?);
     let y = if bc { 1 - y } else { y };
     i32::try_from(days_from_civil(y, m, d)).map_err(|_| bad(s, "date out of range"))
@@ -218,12 +230,15 @@ fn parse_timestamp(s: &str) -> Result<PgTimestamp> {
     let whole: i64 = whole.parse().map_err(|_| bad(s, "bad second"))?;
     let mut micros: i64 = 0;
     for (i, c) in frac.chars().take(6).enumerate() {
-        micros += i64::from(c.to_digit(10).ok_or_else(|| bad(s, "bad fraction"))?) * 10i64.pow(5 - i as u32);
+        micros += i64::from(c.to_digit(10).ok_or_else(|| bad(s, "bad fraction"))?)
+            * 10i64.pow(5 - i as u32);
     }
     let mut offset = 0i64;
     if let Some(z) = zone {
         let sign = if z.starts_with('-') { -1 } else { 1 };
-        let mut f = z[1..].split(':').map(|p| p.parse::<i64>().map_err(|_| bad(s, "bad zone")));
+        let mut f = z[1..]
+            .split(':')
+            .map(|p| p.parse::<i64>().map_err(|_| bad(s, "bad zone")));
         let zh = f.next().transpose()?.unwrap_or(0);
         let zm = f.next().transpose()?.unwrap_or(0);
         let zs = f.next().transpose()?.unwrap_or(0);
@@ -294,7 +309,11 @@ fn parse_array_level(elem: u32, c: &[char], pos: &mut usize, src: &str) -> Resul
                 }
                 let v: String = c[start..*pos].iter().collect();
                 let v = v.trim();
-                items.push(if v == "NULL" { Value::Null } else { decode_text(elem, v)? });
+                items.push(if v == "NULL" {
+                    Value::Null
+                } else {
+                    decode_text(elem, v)?
+                });
             }
             None => return Err(bad(src, "unterminated array")),
         }
@@ -329,20 +348,34 @@ fn decode_binary(t: u32, b: &[u8]) -> Result<Value> {
         oid::FLOAT8 => Value::Float(f64::from_be_bytes(be(b, "float8")?)),
         oid::NUMERIC => Value::Numeric(binary_numeric(b)?),
         oid::BYTEA => Value::Bytes(b.to_vec()),
-        oid::JSON => Value::Json(serde_json::from_slice(b).map_err(|e| bad("json", e.to_string()))?),
+        oid::JSON => {
+            Value::Json(serde_json::from_slice(b).map_err(|e| bad("json", e.to_string()))?)
+        }
         oid::JSONB => {
-            let body = b.strip_prefix(&[1]).ok_or_else(|| bad("jsonb", "unknown jsonb version"))?;
+            let body = b
+                .strip_prefix(&[1])
+                .ok_or_else(|| bad("jsonb", "unknown jsonb version"))?;
             Value::Json(serde_json::from_slice(body).map_err(|e| bad("jsonb", e.to_string()))?)
         }
         oid::UUID => Value::Uuid(be(b, "uuid")?),
-        oid::TIMESTAMP | oid::TIMESTAMPTZ => Value::Timestamp(PgTimestamp(i64::from_be_bytes(be(b, "timestamp")?))),
+        oid::TIMESTAMP | oid::TIMESTAMPTZ => {
+            Value::Timestamp(PgTimestamp(i64::from_be_bytes(be(b, "timestamp")?)))
+        }
         oid::DATE => Value::Date(i32::from_be_bytes(be(b, "date")?)),
-        _ => Value::Text(String::from_utf8(b.to_vec()).map_err(|_| bad("binary value", "type without decoder"))?),
+        _ => Value::Text(
+            String::from_utf8(b.to_vec())
+                .map_err(|_| bad("binary value", "type without decoder"))?,
+        ),
     })
 }
 
 fn binary_numeric(b: &[u8]) -> Result<String> {
-    let h = |i: usize| -> Result<i16> { Ok(i16::from_be_bytes(be(b.get(i..).unwrap_or(&[]), "numeric")?)) };
+    let h = |i: usize| -> Result<i16> {
+        Ok(i16::from_be_bytes(be(
+            b.get(i..).unwrap_or(&[]),
+            "numeric",
+        )?))
+    };
     let (ndigits, weight, sign, dscale) = (h(0)?, h(2)?, h(4)? as u16, h(6)?);
     match sign {
         0xC000 => return Ok("NaN".into()),
@@ -350,7 +383,9 @@ fn binary_numeric(b: &[u8]) -> Result<String> {
         0xF000 => return Ok("-Infinity".into()),
         _ => {}
     }
-    let digits: Vec<i16> = (0..ndigits.max(0) as usize).map(|i| h(8 + 2 * i)).collect::<Result<_>>()?;
+    let digits: Vec<i16> = (0..ndigits.max(0) as usize)
+        .map(|i| h(8 + 2 * i))
+        .collect::<Result<_>>()?;
     let mut int = String::new();
     for i in 0..=weight.max(-1) {
         let d = digits.get(i as usize).copied().unwrap_or(0);
@@ -368,7 +403,11 @@ fn binary_numeric(b: &[u8]) -> Result<String> {
     let mut frac = String::new();
     let mut i = weight + 1;
     while (frac.len() as i16) < dscale {
-        let d = if i >= 0 { digits.get(i as usize).copied().unwrap_or(0) } else { 0 };
+        let d = if i >= 0 {
+            digits.get(i as usize).copied().unwrap_or(0)
+        } else {
+            0
+        };
         if i < 0 {
             frac.push_str("0000");
         } else {
@@ -378,11 +417,17 @@ fn binary_numeric(b: &[u8]) -> Result<String> {
     }
     frac.truncate(dscale.max(0) as usize);
     let sign = if sign == 0x4000 { "-" } else { "" };
-    Ok(if frac.is_empty() { format!("{sign}{int}") } else { format!("{sign}{int}.{frac}") })
+    Ok(if frac.is_empty() {
+        format!("{sign}{int}")
+    } else {
+        format!("{sign}{int}.{frac}")
+    })
 }
 
 fn decode_binary_array(b: &[u8]) -> Result<Value> {
-    let i32_at = |i: usize| -> Result<i32> { Ok(i32::from_be_bytes(be(b.get(i..).unwrap_or(&[]), "array")?)) };
+    let i32_at = |i: usize| -> Result<i32> {
+        Ok(i32::from_be_bytes(be(b.get(i..).unwrap_or(&[]), "array")?))
+    };
     let ndim = i32_at(0)?;
     let elem = i32_at(8)? as u32;
     if ndim == 0 {
@@ -391,7 +436,9 @@ fn decode_binary_array(b: &[u8]) -> Result<Value> {
     if !(1..=6).contains(&ndim) {
         return Err(bad("array", "bad dimension count"));
     }
-    let dims: Vec<usize> = (0..ndim as usize).map(|d| i32_at(12 + 8 * d).map(|n| n.max(0) as usize)).collect::<Result<_>>()?;
+    let dims: Vec<usize> = (0..ndim as usize)
+        .map(|d| i32_at(12 + 8 * d).map(|n| n.max(0) as usize))
+        .collect::<Result<_>>()?;
     let mut pos = 12 + 8 * ndim as usize;
     let total: usize = dims.iter().product();
     let mut flat = Vec::with_capacity(total.min(b.len()));
@@ -402,7 +449,9 @@ fn decode_binary_array(b: &[u8]) -> Result<Value> {
             flat.push(Value::Null);
         } else {
             let end = pos + len as usize;
-            let v = b.get(pos..end).ok_or_else(|| bad("array", "element past end"))?;
+            let v = b
+                .get(pos..end)
+                .ok_or_else(|| bad("array", "element past end"))?;
             flat.push(decode_binary(elem, v)?);
             pos = end;
         }
@@ -438,9 +487,18 @@ mod tests {
         assert_eq!(t(oid::BOOL, "t"), Value::Bool(true));
         assert_eq!(t(oid::FLOAT8, "1.5"), Value::Float(1.5));
         assert_eq!(t(oid::BYTEA, "\\x00ff"), Value::Bytes(vec![0, 255]));
-        assert_eq!(t(oid::TIMESTAMPTZ, "2000-01-01 00:00:01.5+00"), Value::Timestamp(PgTimestamp(1_500_000)));
-        assert_eq!(t(oid::TIMESTAMPTZ, "2000-01-01 02:00:00+02"), Value::Timestamp(PgTimestamp(0)));
-        assert_eq!(t(oid::TIMESTAMP, "1999-12-31 23:59:59"), Value::Timestamp(PgTimestamp(-1_000_000)));
+        assert_eq!(
+            t(oid::TIMESTAMPTZ, "2000-01-01 00:00:01.5+00"),
+            Value::Timestamp(PgTimestamp(1_500_000))
+        );
+        assert_eq!(
+            t(oid::TIMESTAMPTZ, "2000-01-01 02:00:00+02"),
+            Value::Timestamp(PgTimestamp(0))
+        );
+        assert_eq!(
+            t(oid::TIMESTAMP, "1999-12-31 23:59:59"),
+            Value::Timestamp(PgTimestamp(-1_000_000))
+        );
         assert_eq!(t(oid::DATE, "2000-03-01"), Value::Date(60));
         assert_eq!(t(oid::UUID, "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"), {
             let mut u = [0u8; 16];
@@ -449,11 +507,19 @@ mod tests {
         });
         assert_eq!(
             t(1009, r#"{a,"b c","d\"e",NULL}"#),
-            Value::Array(vec![Value::Text("a".into()), Value::Text("b c".into()), Value::Text("d\"e".into()), Value::Null])
+            Value::Array(vec![
+                Value::Text("a".into()),
+                Value::Text("b c".into()),
+                Value::Text("d\"e".into()),
+                Value::Null
+            ])
         );
         assert_eq!(
             t(1007, "{{1,2},{3,4}}"),
-            Value::Array(vec![Value::Array(vec![Value::Int(1), Value::Int(2)]), Value::Array(vec![Value::Int(3), Value::Int(4)])])
+            Value::Array(vec![
+                Value::Array(vec![Value::Int(1), Value::Int(2)]),
+                Value::Array(vec![Value::Int(3), Value::Int(4)])
+            ])
         );
         assert!(decode(1007, &ColumnValue::Text(Bytes::from_static(b"{1,2"))).is_err());
         assert!(decode(oid::INT4, &ColumnValue::Binary(Bytes::from_static(b"\x01"))).is_err());

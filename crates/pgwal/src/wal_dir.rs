@@ -45,7 +45,11 @@ pub(crate) struct WalDir {
 }
 
 fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(std::io::Error) -> Error + 'a {
-    move |source| Error::WalDir { path: path.to_owned(), op, source }
+    move |source| Error::WalDir {
+        path: path.to_owned(),
+        op,
+        source,
+    }
 }
 
 /// Checks that `path` is a directory this process can create files in
@@ -53,7 +57,10 @@ fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(std::io::Error) -
 pub(crate) fn check_writable(path: &Path) -> Result<()> {
     let meta = std::fs::metadata(path).map_err(io_err(path, "open the WAL directory"))?;
     if !meta.is_dir() {
-        return Err(Error::WalFile { path: path.to_owned(), reason: "not a directory" });
+        return Err(Error::WalFile {
+            path: path.to_owned(),
+            reason: "not a directory",
+        });
     }
     let probe = path.join(".pgwal-write-probe");
     File::create(&probe).map_err(io_err(path, "create a file in"))?;
@@ -62,12 +69,18 @@ pub(crate) fn check_writable(path: &Path) -> Result<()> {
 }
 
 fn sync_dir(path: &Path) -> Result<()> {
-    File::open(path).and_then(|d| d.sync_all()).map_err(io_err(path, "fsync the directory"))
+    File::open(path)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(path, "fsync the directory"))
 }
 
 impl WalDir {
     pub(crate) fn new(path: PathBuf, segs: WalSegments) -> WalDir {
-        WalDir { path, segs, open: None }
+        WalDir {
+            path,
+            segs,
+            open: None,
+        }
     }
 
     /// Scans the directory: the resume point after the highest segment
@@ -75,7 +88,8 @@ impl WalDir {
     /// of the wrong size or a partial one that is neither empty nor full is
     /// an error; nothing is changed.
     pub(crate) fn resume_point(&self) -> Result<Option<ResumePoint>> {
-        let entries = std::fs::read_dir(&self.path).map_err(io_err(&self.path, "read the directory"))?;
+        let entries =
+            std::fs::read_dir(&self.path).map_err(io_err(&self.path, "read the directory"))?;
         // (segno, complete, timeline): a complete segment beats a partial one.
         let mut best: Option<(u64, bool, u32)> = None;
         for entry in entries {
@@ -86,8 +100,13 @@ impl WalDir {
                 Some(base) => (base, false),
                 None => (name, true),
             };
-            let Some((tli, segno)) = self.segs.parse_file_name(base) else { continue };
-            let len = entry.metadata().map_err(io_err(&entry.path(), "stat"))?.len();
+            let Some((tli, segno)) = self.segs.parse_file_name(base) else {
+                continue;
+            };
+            let len = entry
+                .metadata()
+                .map_err(io_err(&entry.path(), "stat"))?
+                .len();
             if len != self.segs.size() && (complete || len != 0) {
                 return Err(Error::WalFile {
                     path: entry.path(),
@@ -103,7 +122,9 @@ impl WalDir {
         }
         Ok(best.map(|(segno, complete, timeline)| ResumePoint {
             timeline,
-            start: self.segs.segment_start(if complete { segno + 1 } else { segno }),
+            start: self
+                .segs
+                .segment_start(if complete { segno + 1 } else { segno }),
         }))
     }
 
@@ -116,15 +137,23 @@ impl WalDir {
     /// rename, directory fsync).
     pub(crate) fn write_history(&self, timeline: u32, content: &[u8]) -> Result<()> {
         let path = self.path.join(history_file_name(timeline));
-        let tmp = self.path.join(format!("{}.tmp", history_file_name(timeline)));
+        let tmp = self
+            .path
+            .join(format!("{}.tmp", history_file_name(timeline)));
         let mut f = File::create(&tmp).map_err(io_err(&tmp, "create"))?;
-        f.write_all(content).and_then(|_| f.sync_all()).map_err(io_err(&tmp, "write"))?;
+        f.write_all(content)
+            .and_then(|_| f.sync_all())
+            .map_err(io_err(&tmp, "write"))?;
         std::fs::rename(&tmp, &path).map_err(io_err(&path, "rename into"))?;
         sync_dir(&self.path)
     }
 
     fn open_segment(&mut self, timeline: u32, segno: u64) -> Result<&mut OpenSegment> {
-        if self.open.as_ref().is_some_and(|o| o.timeline != timeline || o.segno != segno) {
+        if self
+            .open
+            .as_ref()
+            .is_some_and(|o| o.timeline != timeline || o.segno != segno)
+        {
             self.close()?;
         }
         if self.open.is_none() {
@@ -151,13 +180,20 @@ impl WalDir {
                 let mut off = 0;
                 while off < self.segs.size() {
                     let n = zeros.len().min((self.segs.size() - off) as usize);
-                    file.write_all_at(&zeros[..n], off).map_err(io_err(&path, "write"))?;
+                    file.write_all_at(&zeros[..n], off)
+                        .map_err(io_err(&path, "write"))?;
                     off += n as u64;
                 }
                 file.sync_all().map_err(io_err(&path, "fsync"))?;
                 sync_dir(&self.path)?;
             }
-            self.open = Some(OpenSegment { file, path, timeline, segno, dirty: false });
+            self.open = Some(OpenSegment {
+                file,
+                path,
+                timeline,
+                segno,
+                dirty: false,
+            });
         }
         Ok(self.open.as_mut().expect("opened above"))
     }
@@ -175,7 +211,9 @@ impl WalDir {
             let off = self.segs.offset_of(pos);
             let n = data.len().min((self.segs.size() - off) as usize);
             let seg = self.open_segment(timeline, segno)?;
-            seg.file.write_all_at(&data[..n], off).map_err(io_err(&seg.path, "write"))?;
+            seg.file
+                .write_all_at(&data[..n], off)
+                .map_err(io_err(&seg.path, "write"))?;
             seg.dirty = true;
             pos = pos + n as u64;
             data = &data[n..];
@@ -207,7 +245,9 @@ impl WalDir {
     /// directory.
     fn complete(&mut self) -> Result<()> {
         self.sync()?;
-        let Some(seg) = self.open.take() else { return Ok(()) };
+        let Some(seg) = self.open.take() else {
+            return Ok(());
+        };
         let done = self.path.join(self.segs.file_name(seg.timeline, seg.segno));
         drop(seg.file);
         std::fs::rename(&seg.path, &done).map_err(io_err(&done, "rename a segment to"))?;
@@ -236,8 +276,14 @@ mod tests {
         let data: Vec<u8> = (0..(1 << 20) + 1000).map(|i| (i % 251) as u8).collect();
         assert_eq!(w.write(1, start, &data[..1000]).unwrap(), None);
         assert!(dir.join("000000010000000000000005.partial").exists());
-        assert_eq!(w.resume_point().unwrap(), Some(ResumePoint { timeline: 1, start }));
-        assert_eq!(w.write(1, start + 1000, &data[1000..]).unwrap(), Some(segs.segment_start(6)));
+        assert_eq!(
+            w.resume_point().unwrap(),
+            Some(ResumePoint { timeline: 1, start })
+        );
+        assert_eq!(
+            w.write(1, start + 1000, &data[1000..]).unwrap(),
+            Some(segs.segment_start(6))
+        );
         let done = std::fs::read(dir.join("000000010000000000000005")).unwrap();
         assert_eq!(done, &data[..1 << 20]);
         let partial = std::fs::read(dir.join("000000010000000000000006.partial")).unwrap();
@@ -247,13 +293,19 @@ mod tests {
         w.close().unwrap();
         assert_eq!(
             w.resume_point().unwrap(),
-            Some(ResumePoint { timeline: 1, start: segs.segment_start(6) })
+            Some(ResumePoint {
+                timeline: 1,
+                start: segs.segment_start(6)
+            })
         );
         // A later timeline's history and a foreign file are ignored by the scan.
         w.write_history(2, b"1\t0/6000010\tno reason\n").unwrap();
         std::fs::write(dir.join("README"), b"x").unwrap();
         assert!(w.has_history(2));
-        assert_eq!(w.resume_point().unwrap().unwrap().start, segs.segment_start(6));
+        assert_eq!(
+            w.resume_point().unwrap().unwrap().start,
+            segs.segment_start(6)
+        );
         // A truncated complete segment is refused.
         std::fs::write(dir.join("000000010000000000000009"), b"short").unwrap();
         assert!(matches!(w.resume_point(), Err(Error::WalFile { .. })));

@@ -65,10 +65,17 @@ pub(crate) struct Worker {
 
 /// Connects and starts streaming from the acknowledged position (never from
 /// the last received one), or the slot's confirmed position if later.
-pub(crate) async fn open_session(config: &Config, stream: &StreamConfig, shared: &Shared) -> Result<(ReplicationClient, Lsn)> {
+pub(crate) async fn open_session(
+    config: &Config,
+    stream: &StreamConfig,
+    shared: &Shared,
+) -> Result<(ReplicationClient, Lsn)> {
     let mut client = ReplicationClient::connect(config).await?;
     let major = client.server_major_version().unwrap_or(10);
-    let floor = client.slot_confirmed_flush(&stream.slot).await?.unwrap_or_default();
+    let floor = client
+        .slot_confirmed_flush(&stream.slot)
+        .await?
+        .unwrap_or_default();
     let start = Lsn(shared.acked.load(Ordering::SeqCst))
         .max(floor)
         .max(stream.start_lsn.unwrap_or_default());
@@ -76,7 +83,9 @@ pub(crate) async fn open_session(config: &Config, stream: &StreamConfig, shared:
     shared.confirmed.fetch_max(floor.0, Ordering::SeqCst);
     let opts = stream.plugin_options(major);
     let opts: Vec<(&str, String)> = opts.iter().map(|(k, v)| (*k, v.clone())).collect();
-    client.start_logical_replication(&stream.slot, start, &opts).await?;
+    client
+        .start_logical_replication(&stream.slot, start, &opts)
+        .await?;
     tracing::debug!(slot = %stream.slot, %start, "replication started");
     Ok((client, start))
 }
@@ -144,7 +153,13 @@ impl Worker {
             Ok(e) => Payload::Events(vec![e]),
             Err(e) => Payload::Error(e),
         };
-        let _ = self.tx.send(Item { generation, payload }).await;
+        let _ = self
+            .tx
+            .send(Item {
+                generation,
+                payload,
+            })
+            .await;
     }
 
     /// Runs sessions until shutdown, `stop_lsn`, or a permanent error.
@@ -158,21 +173,28 @@ impl Worker {
                 None => match open_session(&self.config, &self.stream, &self.shared).await {
                     Ok((c, start)) => {
                         let g = self.shared.generation.load(Ordering::SeqCst);
-                        self.emit(g, Ok(Event::Reconnected { restart_lsn: start })).await;
+                        self.emit(g, Ok(Event::Reconnected { restart_lsn: start }))
+                            .await;
                         c
                     }
                     Err(e) => {
                         failures += 1;
                         if e.is_transient() && self.stream.retry.allows(failures) {
                             tracing::warn!(error = %e, attempt = failures, "reconnect failed; retrying");
-                            if self.wait_or_shutdown(self.stream.retry.backoff(failures)).await {
+                            if self
+                                .wait_or_shutdown(self.stream.retry.backoff(failures))
+                                .await
+                            {
                                 return;
                             }
                             continue;
                         }
                         let g = self.shared.generation.load(Ordering::SeqCst);
                         let e = if failures > 1 {
-                            Error::RetriesExhausted { attempts: failures, last: Box::new(e) }
+                            Error::RetriesExhausted {
+                                attempts: failures,
+                                last: Box::new(e),
+                            }
                         } else {
                             e
                         };
@@ -194,7 +216,10 @@ impl Worker {
                         // delivered again by the next one: drop them now.
                         self.shared.generation.fetch_add(1, Ordering::SeqCst);
                         tracing::warn!(error = %e, "replication session failed; reconnecting");
-                        if self.wait_or_shutdown(self.stream.retry.backoff(failures)).await {
+                        if self
+                            .wait_or_shutdown(self.stream.retry.backoff(failures))
+                            .await
+                        {
                             return;
                         }
                         continue;
@@ -210,8 +235,19 @@ impl Worker {
     /// `stop_lsn` reached: tell the consumer the stream ended, then keep
     /// sending feedback (so its last acks reach the server) until it shuts
     /// the stream down or drops it.
-    async fn stop(&mut self, generation: u64, s: &mut Session, tick: &mut tokio::time::Interval) -> Result<()> {
-        let _ = self.tx.send(Item { generation, payload: Payload::End }).await;
+    async fn stop(
+        &mut self,
+        generation: u64,
+        s: &mut Session,
+        tick: &mut tokio::time::Interval,
+    ) -> Result<()> {
+        let _ = self
+            .tx
+            .send(Item {
+                generation,
+                payload: Payload::End,
+            })
+            .await;
         loop {
             tokio::select! {
                 _ = self.shutdown.changed() => return Ok(()),
@@ -221,7 +257,9 @@ impl Worker {
     }
 
     async fn session(&mut self, client: ReplicationClient) -> Result<End> {
-        let ReplicationClient { mut reader, writer, .. } = client;
+        let ReplicationClient {
+            mut reader, writer, ..
+        } = client;
         let generation = self.shared.generation.load(Ordering::SeqCst);
         let mut s = Session {
             writer,
@@ -239,7 +277,8 @@ impl Worker {
         let coalesce = self.stream.read_coalesce;
         // Streaming starts at the acked position: anything delivered from
         // here ends after it, so a stop position at or before it is reached.
-        let mut stop_now = stop.is_some_and(|stop| stop <= Lsn(self.shared.acked.load(Ordering::SeqCst)));
+        let mut stop_now =
+            stop.is_some_and(|stop| stop <= Lsn(self.shared.acked.load(Ordering::SeqCst)));
         loop {
             if stop_now {
                 self.stop(generation, &mut s, &mut tick).await?;
@@ -321,7 +360,10 @@ impl Worker {
 }
 
 /// Ends the session cleanly: final feedback, then CopyDone and Terminate.
-async fn finish<R: tokio::io::AsyncRead + Unpin>(s: &mut Session, reader: &mut crate::framing::FrameReader<R>) {
+async fn finish<R: tokio::io::AsyncRead + Unpin>(
+    s: &mut Session,
+    reader: &mut crate::framing::FrameReader<R>,
+) {
     let _ = s.send_status(false).await;
     crate::client::close_copy_both(&mut s.writer, reader).await;
 }

@@ -7,7 +7,11 @@ use support::{block_on, config, Cluster, Options};
 
 fn auth_cluster(label: &'static str, bin: &std::path::Path) -> Cluster {
     let mut hba = Vec::new();
-    for (user, method) in [("u_password", "password"), ("u_md5", "md5"), ("u_scram", "scram-sha-256")] {
+    for (user, method) in [
+        ("u_password", "password"),
+        ("u_md5", "md5"),
+        ("u_scram", "scram-sha-256"),
+    ] {
         hba.push(format!("host all {user} 127.0.0.1/32 {method}"));
         hba.push(format!("host replication {user} 127.0.0.1/32 {method}"));
     }
@@ -28,10 +32,17 @@ fn auth_methods() {
     for (label, bin) in support::servers() {
         let c = auth_cluster(label, &bin);
         block_on(async {
-            for (user, pw) in [("u_trust", None), ("u_password", Some("clear pw")), ("u_md5", Some("md5 pw")), ("u_scram", Some("scram pw"))] {
+            for (user, pw) in [
+                ("u_trust", None),
+                ("u_password", Some("clear pw")),
+                ("u_md5", Some("md5 pw")),
+                ("u_scram", Some("scram pw")),
+            ] {
                 let mut cfg = config(&c, user);
                 cfg.password = pw.map(str::to_owned);
-                let mut client = ReplicationClient::connect(&cfg).await.unwrap_or_else(|e| panic!("{label} {user}: {e}"));
+                let mut client = ReplicationClient::connect(&cfg)
+                    .await
+                    .unwrap_or_else(|e| panic!("{label} {user}: {e}"));
                 let sys = client.identify_system().await.unwrap();
                 assert_eq!(sys.timeline, 1);
                 assert_eq!(sys.dbname.as_deref(), Some("postgres"));
@@ -47,15 +58,27 @@ fn auth_methods() {
                     let mut none = cfg.clone();
                     none.password = None;
                     none.passfile = Some(c.dir.join("no-such-pgpass"));
-                    assert!(matches!(ReplicationClient::connect(&none).await.unwrap_err(), Error::PasswordMissing));
+                    assert!(matches!(
+                        ReplicationClient::connect(&none).await.unwrap_err(),
+                        Error::PasswordMissing
+                    ));
                 }
             }
             // The password file supplies a missing password.
             let pgpass = c.dir.join("pgpass");
-            std::fs::write(&pgpass, format!("127.0.0.1:{}:*:u_scram:scram pw\n", c.port)).unwrap();
+            std::fs::write(
+                &pgpass,
+                format!("127.0.0.1:{}:*:u_scram:scram pw\n", c.port),
+            )
+            .unwrap();
             let mut cfg = config(&c, "u_scram");
             cfg.passfile = Some(pgpass);
-            ReplicationClient::connect(&cfg).await.unwrap().identify_system().await.unwrap();
+            ReplicationClient::connect(&cfg)
+                .await
+                .unwrap()
+                .identify_system()
+                .await
+                .unwrap();
         });
     }
 }
@@ -68,36 +91,67 @@ fn replication_commands() {
             let cfg = config(&c, "postgres");
             let mut client = ReplicationClient::connect(&cfg).await.unwrap();
             let slot = client
-                .create_logical_slot("cmd_slot", &CreateSlotOptions::new().two_phase(true).snapshot(SlotSnapshot::Export))
+                .create_logical_slot(
+                    "cmd_slot",
+                    &CreateSlotOptions::new()
+                        .two_phase(true)
+                        .snapshot(SlotSnapshot::Export),
+                )
                 .await
                 .unwrap();
             assert_eq!(slot.slot_name, "cmd_slot");
             assert!(slot.snapshot_name.is_some());
             assert_eq!(slot.output_plugin.as_deref(), Some("pgoutput"));
             assert!(slot.consistent_point > pgwal::Lsn::INVALID);
-            let tmp = client.create_logical_slot("tmp_slot", &CreateSlotOptions::new().temporary(true)).await.unwrap();
+            let tmp = client
+                .create_logical_slot("tmp_slot", &CreateSlotOptions::new().temporary(true))
+                .await
+                .unwrap();
             assert_eq!(tmp.snapshot_name, None);
-            assert_eq!(client.slot_confirmed_flush("cmd_slot").await.unwrap(), Some(slot.consistent_point));
+            assert_eq!(
+                client.slot_confirmed_flush("cmd_slot").await.unwrap(),
+                Some(slot.consistent_point)
+            );
             // SQL works on a logical replication connection too.
-            let rows = client.simple_query("SELECT slot_name, two_phase FROM pg_replication_slots ORDER BY 1").await.unwrap();
+            let rows = client
+                .simple_query("SELECT slot_name, two_phase FROM pg_replication_slots ORDER BY 1")
+                .await
+                .unwrap();
             assert_eq!(rows.len(), 2);
             assert_eq!(rows[0].get("slot_name"), Some("cmd_slot"));
             assert_eq!(rows[0].get("two_phase"), Some("t"));
             // Errors carry SQLSTATE.
             let e = client.drop_slot("no_such_slot", false).await.unwrap_err();
             assert_eq!(e.code(), Some("42704"), "{e}");
-            let e = client.create_logical_slot("cmd_slot", &CreateSlotOptions::new()).await.unwrap_err();
+            let e = client
+                .create_logical_slot("cmd_slot", &CreateSlotOptions::new())
+                .await
+                .unwrap_err();
             assert_eq!(e.code(), Some("42710"), "{e}");
             assert!(client.timeline_history(1).await.is_err());
-            assert!(matches!(client.drop_slot("Bad-Name", false).await, Err(Error::Config { .. })));
+            assert!(matches!(
+                client.drop_slot("Bad-Name", false).await,
+                Err(Error::Config { .. })
+            ));
             if c.major >= 17 {
-                client.alter_slot("cmd_slot", Some(true), None).await.unwrap();
-                let rows = client.simple_query("SELECT failover FROM pg_replication_slots WHERE slot_name = 'cmd_slot'").await.unwrap();
+                client
+                    .alter_slot("cmd_slot", Some(true), None)
+                    .await
+                    .unwrap();
+                let rows = client
+                    .simple_query(
+                        "SELECT failover FROM pg_replication_slots WHERE slot_name = 'cmd_slot'",
+                    )
+                    .await
+                    .unwrap();
                 assert_eq!(rows[0].get_index(0), Some("t"));
             }
             client.drop_slot("cmd_slot", true).await.unwrap();
             // A physical slot for READ_REPLICATION_SLOT.
-            client.simple_query("SELECT pg_create_physical_replication_slot('phys', true)").await.unwrap();
+            client
+                .simple_query("SELECT pg_create_physical_replication_slot('phys', true)")
+                .await
+                .unwrap();
             let (kind, restart, _tli) = client.read_slot("phys").await.unwrap().unwrap();
             assert_eq!(kind, "physical");
             assert!(restart > pgwal::Lsn::INVALID);

@@ -76,7 +76,9 @@ UPDATE t SET v = 'toast kept' WHERE id = 1;
 "#;
 
 fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2).map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap()).collect()
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
+        .collect()
 }
 
 fn capture(c: &Cluster, slot: &str, opts: &str) -> Vec<Bytes> {
@@ -84,7 +86,10 @@ fn capture(c: &Cluster, slot: &str, opts: &str) -> Vec<Bytes> {
         "SET logical_decoding_work_mem = '64kB';\n\
          SELECT encode(data, 'hex') FROM pg_logical_slot_get_binary_changes('{slot}', NULL, NULL, {opts});"
     ));
-    out.lines().filter(|l| !l.is_empty()).map(|l| Bytes::from(unhex(l))).collect()
+    out.lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| Bytes::from(unhex(l)))
+        .collect()
 }
 
 struct Seen {
@@ -109,13 +114,25 @@ fn check_stream(label: &str, msgs: &[Bytes], seen: &mut Seen) {
             if dumped.insert(key) {
                 let mut seed = vec![d.in_stream() as u8];
                 seed.extend_from_slice(raw);
-                let name = format!("{}-{}-{:02x}{}", label.replace('/', "-"), raw[0] as char, raw[0], if key.1 { "-streamed" } else { "" });
+                let name = format!(
+                    "{}-{}-{:02x}{}",
+                    label.replace('/', "-"),
+                    raw[0] as char,
+                    raw[0],
+                    if key.1 { "-streamed" } else { "" }
+                );
                 std::fs::create_dir_all(dir).unwrap();
                 std::fs::write(dir.join(name), seed).unwrap();
             }
         }
-        let m = d.decode(raw.clone()).unwrap_or_else(|e| panic!("{label}: {e} decoding {raw:02x?}"));
-        assert_eq!(&m.to_bytes()[..], &raw[..], "{label}: re-encoding differs for {m:?}");
+        let m = d
+            .decode(raw.clone())
+            .unwrap_or_else(|e| panic!("{label}: {e} decoding {raw:02x?}"));
+        assert_eq!(
+            &m.to_bytes()[..],
+            &raw[..],
+            "{label}: re-encoding differs for {m:?}"
+        );
         seen.tags.insert(m.tag());
         match &m {
             LogicalMessage::Update(u) => {
@@ -140,7 +157,10 @@ fn check_stream(label: &str, msgs: &[Bytes], seen: &mut Seen) {
         for n in 0..raw.len() {
             let r = probe.clone().decode(raw.slice(..n));
             if let Ok(p) = r {
-                assert!(matches!(p, LogicalMessage::StreamAbort(_)) && n == 9, "{label}: prefix {n} of {m:?} decoded");
+                assert!(
+                    matches!(p, LogicalMessage::StreamAbort(_)) && n == 9,
+                    "{label}: prefix {n} of {m:?} decoded"
+                );
             }
         }
     }
@@ -155,12 +175,25 @@ fn real_pgoutput_roundtrips_byte_for_byte() {
         let base = "'publication_names', 'p', 'messages', 'true'";
         // Protocol 4 and `streaming 'parallel'` exist from PostgreSQL 16 on.
         let v4 = c.major >= 16;
-        let top = if v4 { "'proto_version', '4', 'streaming', 'parallel'" } else { "'proto_version', '3', 'streaming', 'on'" };
+        let top = if v4 {
+            "'proto_version', '4', 'streaming', 'parallel'"
+        } else {
+            "'proto_version', '3', 'streaming', 'on'"
+        };
         let mut variants = vec![
             ("s1", format!("'proto_version', '1', {base}")),
-            ("s2", format!("'proto_version', '2', 'streaming', 'on', {base}")),
-            ("s3", format!("'proto_version', '3', 'streaming', 'on', 'two_phase', 'on', {base}")),
-            ("s4b", format!("{top}, 'two_phase', 'on', 'binary', 'true', {base}")),
+            (
+                "s2",
+                format!("'proto_version', '2', 'streaming', 'on', {base}"),
+            ),
+            (
+                "s3",
+                format!("'proto_version', '3', 'streaming', 'on', 'two_phase', 'on', {base}"),
+            ),
+            (
+                "s4b",
+                format!("{top}, 'two_phase', 'on', 'binary', 'true', {base}"),
+            ),
         ];
         if v4 {
             variants.push(("s4", format!("{top}, 'two_phase', 'on', {base}")));
@@ -183,11 +216,26 @@ fn real_pgoutput_roundtrips_byte_for_byte() {
         eprintln!("{label}: {total} real messages round-tripped, kinds seen: {tags}");
         let all: BTreeSet<u8> = b"BCORYIUDTMSEcAbPKrp".iter().copied().collect();
         let missing: String = all.difference(&seen.tags).map(|&t| t as char).collect();
-        assert!(missing.is_empty(), "{label}: message kinds never produced: {missing}");
-        assert!(seen.unchanged_toast, "{label}: no unchanged TOAST column seen");
-        assert!(seen.subxact_abort, "{label}: no subtransaction Stream Abort seen");
-        assert!(!v4 || seen.abort_with_lsn, "{label}: no v4 Stream Abort with abort LSN seen");
-        assert!(seen.streamed_xid, "{label}: no streamed change with xid seen");
+        assert!(
+            missing.is_empty(),
+            "{label}: message kinds never produced: {missing}"
+        );
+        assert!(
+            seen.unchanged_toast,
+            "{label}: no unchanged TOAST column seen"
+        );
+        assert!(
+            seen.subxact_abort,
+            "{label}: no subtransaction Stream Abort seen"
+        );
+        assert!(
+            !v4 || seen.abort_with_lsn,
+            "{label}: no v4 Stream Abort with abort LSN seen"
+        );
+        assert!(
+            seen.streamed_xid,
+            "{label}: no streamed change with xid seen"
+        );
         assert!(seen.binary, "{label}: no binary column seen");
     }
 }

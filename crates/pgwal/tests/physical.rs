@@ -9,7 +9,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pgwal::{AckMode, Error, Gate, Lsn, PhysicalConfig, PhysicalProgress, PhysicalReceiver, Stage, StopReason};
+use pgwal::{
+    AckMode, Error, Gate, Lsn, PhysicalConfig, PhysicalProgress, PhysicalReceiver, Stage,
+    StopReason,
+};
 use support::{Cluster, Options};
 use tokio::sync::oneshot;
 
@@ -28,7 +31,12 @@ fn sync_options() -> Options {
 }
 
 fn recv_config(c: &Cluster) -> pgwal::Config {
-    format!("{} sslmode=disable application_name={APP}", c.conninfo("postgres")).parse().unwrap()
+    format!(
+        "{} sslmode=disable application_name={APP}",
+        c.conninfo("postgres")
+    )
+    .parse()
+    .unwrap()
 }
 
 /// A receiver running on its own runtime thread; stopped on `stop()`.
@@ -48,7 +56,11 @@ impl Running {
                 let _ = rx.await;
             }))
         });
-        Running { progress, stop: Some(tx), thread: Some(thread) }
+        Running {
+            progress,
+            stop: Some(tx),
+            thread: Some(thread),
+        }
     }
 
     fn stop(mut self) -> pgwal::Result<StopReason> {
@@ -63,7 +75,11 @@ impl Running {
                 !self.thread.as_ref().unwrap().is_finished(),
                 "{what}: receiver ended before flushing {lsn}"
             );
-            assert!(t.elapsed() < Duration::from_secs(60), "{what}: flushed {} < {lsn}", self.progress.flushed());
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "{what}: flushed {} < {lsn}",
+                self.progress.flushed()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -84,7 +100,10 @@ fn lsn(c: &Cluster, sql: &str) -> Lsn {
 fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     let t = Instant::now();
     while !f() {
-        assert!(t.elapsed() < Duration::from_secs(60), "timed out waiting for {what}");
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -99,8 +118,12 @@ fn compare_complete_segments(label: &str, recv: &Path, pg_wal: &Path) -> usize {
             continue;
         }
         let ours = std::fs::read(recv.join(&name)).unwrap();
-        let theirs = std::fs::read(pg_wal.join(&name)).unwrap_or_else(|e| panic!("{label}: {name} on server: {e}"));
-        assert!(ours == theirs, "{label}: segment {name} differs from the server's");
+        let theirs = std::fs::read(pg_wal.join(&name))
+            .unwrap_or_else(|e| panic!("{label}: {name} on server: {e}"));
+        assert!(
+            ours == theirs,
+            "{label}: segment {name} differs from the server's"
+        );
         n += 1;
     }
     n
@@ -119,9 +142,14 @@ fn segments_are_byte_identical() {
         let dir = recv_dir(&c, "recv");
         let r = Running::start(
             recv_config(&c),
-            PhysicalConfig::new(&dir).slot("recv").create_slot(true).status_interval(Duration::from_millis(200)),
+            PhysicalConfig::new(&dir)
+                .slot("recv")
+                .create_slot(true)
+                .status_interval(Duration::from_millis(200)),
         );
-        wait_until("streaming", || c.query("SELECT count(*) FROM pg_stat_replication") == "1");
+        wait_until("streaming", || {
+            c.query("SELECT count(*) FROM pg_stat_replication") == "1"
+        });
         for i in 0..3 {
             c.psql(&format!(
                 "CREATE TABLE t{i} AS SELECT g, repeat('x', 100) AS v FROM generate_series(1, 20000) g; SELECT pg_switch_wal();"
@@ -134,13 +162,22 @@ fn segments_are_byte_identical() {
         let n = compare_complete_segments(label, &dir, &c.dir.join("data/pg_wal"));
         assert!(n >= 3, "{label}: only {n} complete segments");
         // The slot followed the reported flush position.
-        let restart = lsn(&c, "SELECT restart_lsn FROM pg_replication_slots WHERE slot_name = 'recv'");
-        assert!(restart >= end, "{label}: slot restart_lsn {restart} < {end}");
+        let restart = lsn(
+            &c,
+            "SELECT restart_lsn FROM pg_replication_slots WHERE slot_name = 'recv'",
+        );
+        assert!(
+            restart >= end,
+            "{label}: slot restart_lsn {restart} < {end}"
+        );
 
         // A second run resumes after the complete segments and the partial one.
         c.psql("CREATE TABLE more AS SELECT g FROM generate_series(1, 50000) g; SELECT pg_switch_wal();");
         let end2 = lsn(&c, "SELECT pg_current_wal_flush_lsn()");
-        let r = Running::start(recv_config(&c), PhysicalConfig::new(&dir).slot("recv").end_lsn(end2));
+        let r = Running::start(
+            recv_config(&c),
+            PhysicalConfig::new(&dir).slot("recv").end_lsn(end2),
+        );
         r.wait_flushed(end2, label);
         assert_eq!(r.stop().unwrap(), StopReason::EndReached);
         assert!(compare_complete_segments(label, &dir, &c.dir.join("data/pg_wal")) > n);
@@ -150,10 +187,22 @@ fn segments_are_byte_identical() {
 /// Starts `psql -c "SET synchronous_commit = mode; INSERT ..."`.
 fn commit(c: &Cluster, mode: &str) -> Child {
     Command::new(c.bin.join("psql"))
-        .args(["-X", "-q", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-p"])
+        .args([
+            "-X",
+            "-q",
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+            "-p",
+        ])
         .arg(c.port.to_string())
         .arg("-c")
-        .arg(format!("SET synchronous_commit = {mode}; INSERT INTO t VALUES (1)"))
+        .arg(format!(
+            "SET synchronous_commit = {mode}; INSERT INTO t VALUES (1)"
+        ))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -198,14 +247,20 @@ impl Pending {
             support::block_on(async move {
                 let mut s = pgwal::ReplicationClient::connect_sql(&cfg).await.unwrap();
                 let rows = s.simple_query(&sql).await.unwrap();
-                lsn_tx.send(rows[0].get_index(0).unwrap().parse::<Lsn>().unwrap()).unwrap();
+                lsn_tx
+                    .send(rows[0].get_index(0).unwrap().parse::<Lsn>().unwrap())
+                    .unwrap();
                 if go_rx.await.is_ok() {
                     s.simple_query("COMMIT").await.unwrap();
                     let _ = done_tx.send(());
                 }
             })
         });
-        Pending { lsn: lsn_rx.recv_timeout(RELEASED).unwrap(), go, done }
+        Pending {
+            lsn: lsn_rx.recv_timeout(RELEASED).unwrap(),
+            go,
+            done,
+        }
     }
 
     fn commit(self) -> Committing {
@@ -238,13 +293,21 @@ fn ack_modes_release_commits_at_the_right_moment() {
             let dir = recv_dir(&c, &format!("recv-{}", mode.as_str()));
             let r = Running::start(
                 recv_config(&c),
-                PhysicalConfig::new(&dir).ack(mode).status_interval(Duration::from_millis(200)).hook(gate.clone()),
+                PhysicalConfig::new(&dir)
+                    .ack(mode)
+                    .status_interval(Duration::from_millis(200))
+                    .hook(gate.clone()),
             );
             wait_until("sync standby", || {
-                c.query(&format!("SELECT sync_state FROM pg_stat_replication WHERE application_name = '{APP}'")) == "sync"
+                c.query(&format!(
+                    "SELECT sync_state FROM pg_stat_replication WHERE application_name = '{APP}'"
+                )) == "sync"
             });
             let mut on = commit(&c, "on");
-            assert!(returns_within(&mut on, RELEASED), "{what}: commit (on) with open gates");
+            assert!(
+                returns_within(&mut on, RELEASED),
+                "{what}: commit (on) with open gates"
+            );
             match mode {
                 AckMode::Receive => {
                     // Parked between receipt and write: remote_write returns.
@@ -252,7 +315,10 @@ fn ack_modes_release_commits_at_the_right_moment() {
                     gate.close_after(Stage::BeforeWrite, rw.lsn);
                     let rw = rw.commit();
                     wait_parked(&gate, Stage::BeforeWrite, &what);
-                    assert!(rw.returns_within(RELEASED), "{what}: remote_write must return on receipt");
+                    assert!(
+                        rw.returns_within(RELEASED),
+                        "{what}: remote_write must return on receipt"
+                    );
                     gate.open(Stage::BeforeWrite);
                     if c.label == "pg18" {
                         // The patched server takes the trailing receive pointer.
@@ -260,7 +326,10 @@ fn ack_modes_release_commits_at_the_right_moment() {
                         gate.close_after(Stage::BeforeWrite, rr.lsn);
                         let rr = rr.commit();
                         wait_parked(&gate, Stage::BeforeWrite, &what);
-                        assert!(rr.returns_within(RELEASED), "{what}: remote_receive must return on receipt");
+                        assert!(
+                            rr.returns_within(RELEASED),
+                            "{what}: remote_receive must return on receipt"
+                        );
                         let recv = c.query(&format!(
                             "SELECT receive_lsn IS NOT NULL FROM pg_stat_replication WHERE application_name = '{APP}'"
                         ));
@@ -271,7 +340,10 @@ fn ack_modes_release_commits_at_the_right_moment() {
                     gate.close(Stage::BeforeFlush);
                     let mut on = commit(&c, "on");
                     wait_parked(&gate, Stage::BeforeFlush, &what);
-                    assert!(!returns_within(&mut on, BLOCKED), "{what}: on must wait for fsync");
+                    assert!(
+                        !returns_within(&mut on, BLOCKED),
+                        "{what}: on must wait for fsync"
+                    );
                     gate.open(Stage::BeforeFlush);
                     assert!(returns_within(&mut on, RELEASED), "{what}: on after fsync");
                 }
@@ -279,13 +351,22 @@ fn ack_modes_release_commits_at_the_right_moment() {
                     gate.close(Stage::BeforeWrite);
                     let mut rw = commit(&c, "remote_write");
                     wait_parked(&gate, Stage::BeforeWrite, &what);
-                    assert!(!returns_within(&mut rw, BLOCKED), "{what}: remote_write must wait for the write");
+                    assert!(
+                        !returns_within(&mut rw, BLOCKED),
+                        "{what}: remote_write must wait for the write"
+                    );
                     gate.close(Stage::BeforeFlush);
                     gate.open(Stage::BeforeWrite);
-                    assert!(returns_within(&mut rw, RELEASED), "{what}: remote_write after the write");
+                    assert!(
+                        returns_within(&mut rw, RELEASED),
+                        "{what}: remote_write after the write"
+                    );
                     let mut on = commit(&c, "on");
                     wait_parked(&gate, Stage::BeforeFlush, &what);
-                    assert!(!returns_within(&mut on, BLOCKED), "{what}: on must wait for fsync");
+                    assert!(
+                        !returns_within(&mut on, BLOCKED),
+                        "{what}: on must wait for fsync"
+                    );
                     gate.open(Stage::BeforeFlush);
                     assert!(returns_within(&mut on, RELEASED), "{what}: on after fsync");
                 }
@@ -294,16 +375,28 @@ fn ack_modes_release_commits_at_the_right_moment() {
                     let mut rw = commit(&c, "remote_write");
                     let mut on = commit(&c, "on");
                     wait_parked(&gate, Stage::BeforeFlush, &what);
-                    assert!(!returns_within(&mut rw, BLOCKED), "{what}: remote_write must wait for fsync");
-                    assert!(!returns_within(&mut on, BLOCKED), "{what}: on must wait for fsync");
+                    assert!(
+                        !returns_within(&mut rw, BLOCKED),
+                        "{what}: remote_write must wait for fsync"
+                    );
+                    assert!(
+                        !returns_within(&mut on, BLOCKED),
+                        "{what}: on must wait for fsync"
+                    );
                     gate.open(Stage::BeforeFlush);
-                    assert!(returns_within(&mut rw, RELEASED), "{what}: remote_write after fsync");
+                    assert!(
+                        returns_within(&mut rw, RELEASED),
+                        "{what}: remote_write after fsync"
+                    );
                     assert!(returns_within(&mut on, RELEASED), "{what}: on after fsync");
                 }
             }
             // Reported positions are ordered: flush <= write <= receive.
             let p = &r.progress;
-            assert!(p.reported_flush() <= p.reported_write() && p.reported_write() <= p.received(), "{what}");
+            assert!(
+                p.reported_flush() <= p.reported_write() && p.reported_write() <= p.received(),
+                "{what}"
+            );
             assert_eq!(r.stop().unwrap(), StopReason::Shutdown);
         }
     }
@@ -314,13 +407,28 @@ fn wrong_timeline_and_missing_directory_are_typed_errors() {
     let (label, bin) = support::servers().remove(0);
     let c = Cluster::start(label, &bin, Options::default());
     let dir = recv_dir(&c, "recv");
-    let rt = |pc: PhysicalConfig| support::block_on(PhysicalReceiver::new(recv_config(&c), pc).run(std::future::pending()));
+    let rt = |pc: PhysicalConfig| {
+        support::block_on(PhysicalReceiver::new(recv_config(&c), pc).run(std::future::pending()))
+    };
     let e = rt(PhysicalConfig::new(&dir).start(Lsn(0x100_0000), 7)).unwrap_err();
-    assert!(matches!(e, Error::TimelineNotOnServer { requested: 7, server: 1 }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            Error::TimelineNotOnServer {
+                requested: 7,
+                server: 1
+            }
+        ),
+        "{e:?}"
+    );
     let e = rt(PhysicalConfig::new(c.dir.join("missing"))).unwrap_err();
     assert!(matches!(e, Error::WalDir { .. }), "{e:?}");
     assert!(e.to_string().contains("missing"), "{e}");
-    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "nothing written");
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "nothing written"
+    );
 }
 
 /// A physical standby of `primary` made with pg_basebackup, as a `Cluster`
@@ -343,18 +451,49 @@ fn standby_of(primary: &Cluster) -> Cluster {
         c
     };
     let out = as_user("pg_basebackup")
-        .args(["-h", "127.0.0.1", "-U", "postgres", "-X", "stream", "-R", "-c", "fast", "-p"])
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-X",
+            "stream",
+            "-R",
+            "-c",
+            "fast",
+            "-p",
+        ])
         .arg(primary.port.to_string())
         .arg("-D")
         .arg(&data)
         .output()
         .unwrap();
-    assert!(out.status.success(), "pg_basebackup: {}", String::from_utf8_lossy(&out.stderr));
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let conf = format!("\nport = {port}\nunix_socket_directories = '{}'\nhot_standby = on\n", dir.display());
-    let mut f = std::fs::OpenOptions::new().append(true).open(data.join("postgresql.conf")).unwrap();
+    assert!(
+        out.status.success(),
+        "pg_basebackup: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let conf = format!(
+        "\nport = {port}\nunix_socket_directories = '{}'\nhot_standby = on\n",
+        dir.display()
+    );
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(data.join("postgresql.conf"))
+        .unwrap();
     std::io::Write::write_all(&mut f, conf.as_bytes()).unwrap();
-    let standby = Cluster { dir: dir.clone(), bin: primary.bin.clone(), port, label: primary.label, major: primary.major };
+    let standby = Cluster {
+        dir: dir.clone(),
+        bin: primary.bin.clone(),
+        port,
+        label: primary.label,
+        major: primary.major,
+    };
     let out = as_user("pg_ctl")
         .args(["-w", "-t", "60", "-D"])
         .arg(&data)
@@ -363,37 +502,66 @@ fn standby_of(primary: &Cluster) -> Cluster {
         .arg("start")
         .output()
         .unwrap();
-    assert!(out.status.success(), "standby start: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "standby start: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     standby
 }
 
 #[test]
 fn follows_a_timeline_switch_after_promotion() {
     for (label, bin) in support::servers() {
-        let p = Cluster::start(label, &bin, Options { conf: vec!["autovacuum = off".into()], ..Options::default() });
+        let p = Cluster::start(
+            label,
+            &bin,
+            Options {
+                conf: vec!["autovacuum = off".into()],
+                ..Options::default()
+            },
+        );
         let s = standby_of(&p);
         let dir = recv_dir(&p, "recv");
         // Cascading: the receiver streams from the standby.
-        let r = Running::start(recv_config(&s), PhysicalConfig::new(&dir).status_interval(Duration::from_millis(200)));
+        let r = Running::start(
+            recv_config(&s),
+            PhysicalConfig::new(&dir).status_interval(Duration::from_millis(200)),
+        );
         p.psql("CREATE TABLE t AS SELECT g FROM generate_series(1, 10000) g");
         let before = lsn(&p, "SELECT pg_current_wal_flush_lsn()");
         r.wait_flushed(before, label);
         wait_until("standby replay", || {
             s.query(&format!("SELECT pg_last_wal_replay_lsn() >= '{before}'")) == "t"
         });
-        let mut promote = Command::new(if support::is_root() { support::repo_root().join("tools/as-user") } else { s.bin.join("pg_ctl") });
+        let mut promote = Command::new(if support::is_root() {
+            support::repo_root().join("tools/as-user")
+        } else {
+            s.bin.join("pg_ctl")
+        });
         if support::is_root() {
             promote.arg(s.bin.join("pg_ctl"));
         }
-        let ok = promote.args(["-w", "-D"]).arg(s.dir.join("data")).arg("promote").stdout(Stdio::null()).status().unwrap();
+        let ok = promote
+            .args(["-w", "-D"])
+            .arg(s.dir.join("data"))
+            .arg("promote")
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
         assert!(ok.success(), "{label}: promote");
         wait_until("timeline 2", || r.progress.timeline() == 2);
         s.psql("CREATE TABLE after AS SELECT g FROM generate_series(1, 10000) g; SELECT pg_switch_wal();");
         let end = lsn(&s, "SELECT pg_current_wal_flush_lsn()");
         r.wait_flushed(end, label);
         assert_eq!(r.stop().unwrap(), StopReason::Shutdown);
-        let history = std::fs::read(dir.join("00000002.history")).expect("00000002.history written");
-        assert_eq!(history, std::fs::read(s.dir.join("data/pg_wal/00000002.history")).unwrap(), "{label}");
+        let history =
+            std::fs::read(dir.join("00000002.history")).expect("00000002.history written");
+        assert_eq!(
+            history,
+            std::fs::read(s.dir.join("data/pg_wal/00000002.history")).unwrap(),
+            "{label}"
+        );
         let n = compare_complete_segments(label, &dir, &s.dir.join("data/pg_wal"));
         assert!(n >= 1, "{label}: complete segments compared: {n}");
         let tli2 = std::fs::read_dir(&dir)
@@ -406,7 +574,8 @@ fn follows_a_timeline_switch_after_promotion() {
         assert!(tli2 >= 1, "{label}: a complete segment on timeline 2");
         // Timeline 1 ends at the switch point: streaming it from later is refused.
         let e = support::block_on(
-            PhysicalReceiver::new(recv_config(&s), PhysicalConfig::new(&dir).start(end, 1)).run(std::future::pending()),
+            PhysicalReceiver::new(recv_config(&s), PhysicalConfig::new(&dir).start(end, 1))
+                .run(std::future::pending()),
         )
         .unwrap_err();
         assert!(e.as_db_error().is_some(), "{label}: {e:?}");
@@ -423,13 +592,24 @@ fn sync_candidate_before_the_first_fsync() {
     c.psql("SET synchronous_commit = local; CREATE TABLE t (v int)");
     for mode in [AckMode::Receive, AckMode::Write] {
         let dir = recv_dir(&c, &format!("recv-{}", mode.as_str()));
-        let r = Running::start(recv_config(&c), PhysicalConfig::new(&dir).ack(mode).status_interval(Duration::from_secs(600)));
+        let r = Running::start(
+            recv_config(&c),
+            PhysicalConfig::new(&dir)
+                .ack(mode)
+                .status_interval(Duration::from_secs(600)),
+        );
         let t = Instant::now();
         wait_until("sync standby", || {
-            c.query(&format!("SELECT sync_state FROM pg_stat_replication WHERE application_name = '{APP}'")) == "sync"
+            c.query(&format!(
+                "SELECT sync_state FROM pg_stat_replication WHERE application_name = '{APP}'"
+            )) == "sync"
         });
         let mut rw = commit(&c, "remote_write");
-        assert!(returns_within(&mut rw, Duration::from_secs(20)), "{label} {}", mode.as_str());
+        assert!(
+            returns_within(&mut rw, Duration::from_secs(20)),
+            "{label} {}",
+            mode.as_str()
+        );
         assert!(t.elapsed() < Duration::from_secs(30));
         assert_eq!(r.stop().unwrap(), StopReason::Shutdown);
     }

@@ -81,7 +81,12 @@ fn serve(listener: TcpListener, segment_size: &'static str, bodies: Vec<Vec<u8>>
             rows(
                 &mut out,
                 &["systemid", "timeline", "xlogpos", "dbname"],
-                &[Some("7000000000000000001"), Some("1"), Some("0/100000"), None],
+                &[
+                    Some("7000000000000000001"),
+                    Some("1"),
+                    Some("0/100000"),
+                    None,
+                ],
             );
         } else if q.starts_with("START_REPLICATION") {
             msg(&mut out, b'W', &[0, 0, 0]);
@@ -109,16 +114,27 @@ fn xlog(at: u64, data: &[u8]) -> Vec<u8> {
     b.to_vec()
 }
 
-fn run(name: &str, segment_size: &'static str, bodies: Vec<Vec<u8>>) -> (pgwal::Result<pgwal::StopReason>, PathBuf) {
+fn run(
+    name: &str,
+    segment_size: &'static str,
+    bodies: Vec<Vec<u8>>,
+) -> (pgwal::Result<pgwal::StopReason>, PathBuf) {
     let dir = std::env::temp_dir().join(format!("pgwal-mock-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let server = std::thread::spawn(move || serve(listener, segment_size, bodies));
-    let config: pgwal::Config = format!("host=127.0.0.1 port={port} user=u sslmode=disable").parse().unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let r = rt.block_on(PhysicalReceiver::new(config, PhysicalConfig::new(&dir)).run(std::future::pending()));
+    let config: pgwal::Config = format!("host=127.0.0.1 port={port} user=u sslmode=disable")
+        .parse()
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let r = rt.block_on(
+        PhysicalReceiver::new(config, PhysicalConfig::new(&dir)).run(std::future::pending()),
+    );
     drop(rt);
     server.join().unwrap();
     (r, dir)
@@ -127,7 +143,11 @@ fn run(name: &str, segment_size: &'static str, bodies: Vec<Vec<u8>>) -> (pgwal::
 #[test]
 fn truncated_message_is_a_decode_error_and_the_partial_stays_valid() {
     let data: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();
-    let (r, dir) = run("trunc", "1MB", vec![xlog(0x100000, &data), b"w\x00\x00\x00".to_vec()]);
+    let (r, dir) = run(
+        "trunc",
+        "1MB",
+        vec![xlog(0x100000, &data), b"w\x00\x00\x00".to_vec()],
+    );
     let e = r.unwrap_err();
     assert!(matches!(e, Error::Decode(_)), "{e:?}");
     // What was received before is on disk, in a full-size partial segment.
@@ -139,13 +159,20 @@ fn truncated_message_is_a_decode_error_and_the_partial_stays_valid() {
     // the same script fails the same way and leaves the same file.
     let (r, dir2) = run("trunc", "1MB", vec![xlog(0x100000, &data), b"w".to_vec()]);
     assert!(matches!(r, Err(Error::Decode(_))));
-    assert_eq!(std::fs::read(dir2.join("000000010000000000000001.partial")).unwrap(), partial);
+    assert_eq!(
+        std::fs::read(dir2.join("000000010000000000000001.partial")).unwrap(),
+        partial
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn gap_and_bad_segment_size_are_typed_errors() {
-    let (r, dir) = run("gap", "1MB", vec![xlog(0x100000, &[1; 100]), xlog(0x100200, &[2; 100])]);
+    let (r, dir) = run(
+        "gap",
+        "1MB",
+        vec![xlog(0x100000, &[1; 100]), xlog(0x100200, &[2; 100])],
+    );
     match r {
         Err(Error::WalGap { expected, got }) => {
             assert_eq!((expected, got), (Lsn(0x100064), Lsn(0x100200)));

@@ -36,7 +36,20 @@ fn snapshot_then_stream_equals_table() {
         let psql = bin.join("psql");
         let writer = std::thread::spawn(move || {
             let mut child = std::process::Command::new(psql)
-                .args(["-X", "-q", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-f", "-"])
+                .args([
+                    "-X",
+                    "-q",
+                    "-h",
+                    "127.0.0.1",
+                    "-U",
+                    "postgres",
+                    "-d",
+                    "postgres",
+                    "-v",
+                    "ON_ERROR_STOP=1",
+                    "-f",
+                    "-",
+                ])
                 .arg("-p")
                 .arg(port.to_string())
                 .stdin(std::process::Stdio::piped())
@@ -44,7 +57,12 @@ fn snapshot_then_stream_equals_table() {
                 .spawn()
                 .unwrap();
             use std::io::Write;
-            child.stdin.take().unwrap().write_all(writer_sql.as_bytes()).unwrap();
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(writer_sql.as_bytes())
+                .unwrap();
             assert!(child.wait().unwrap().success());
         });
         block_on(async {
@@ -53,32 +71,56 @@ fn snapshot_then_stream_equals_table() {
             let mut state: BTreeMap<String, BTreeMap<i32, String>> = BTreeMap::new();
             let copy = pgwal::snapshot::initial_copy(&cfg, "snap", &["p"], false, |row| {
                 let id: i32 = row.values[0].as_deref().unwrap().parse().unwrap();
-                state.entry(row.table.to_owned()).or_default().insert(id, row.values[1].clone().unwrap());
+                state
+                    .entry(row.table.to_owned())
+                    .or_default()
+                    .insert(id, row.values[1].clone().unwrap());
                 Ok(())
             })
             .await
             .unwrap();
             assert_eq!(copy.tables, ["public.a", "public.b"]);
             writer.join().unwrap();
-            let end: Lsn = c.query("SELECT pg_current_wal_insert_lsn()").parse().unwrap();
-            let scfg = StreamConfig::new("snap", ["p"]).stop_lsn(end).status_interval(Duration::from_millis(100));
+            let end: Lsn = c
+                .query("SELECT pg_current_wal_insert_lsn()")
+                .parse()
+                .unwrap();
+            let scfg = StreamConfig::new("snap", ["p"])
+                .stop_lsn(end)
+                .status_interval(Duration::from_millis(100));
             let mut s = LogicalStream::start(cfg, scfg).await.unwrap();
             let mut dup_inserts = 0;
-            while let Some(e) = tokio::time::timeout(Duration::from_secs(60), s.next()).await.unwrap() {
+            while let Some(e) = tokio::time::timeout(Duration::from_secs(60), s.next())
+                .await
+                .unwrap()
+            {
                 let e = e.unwrap();
                 match &e {
                     Event::Insert(ch) | Event::Update(ch) => {
                         let row = ch.new.as_ref().unwrap();
                         let id = row.text("id").unwrap().parse().unwrap();
-                        let prev = state.entry(ch.relation.name.clone()).or_default().insert(id, row.text("v").unwrap().to_owned());
+                        let prev = state
+                            .entry(ch.relation.name.clone())
+                            .or_default()
+                            .insert(id, row.text("v").unwrap().to_owned());
                         if matches!(e, Event::Insert(_)) && prev.is_some() {
                             dup_inserts += 1;
                         }
                     }
                     Event::Delete(ch) => {
-                        let id: i32 = ch.old.as_ref().unwrap().text("id").unwrap().parse().unwrap();
+                        let id: i32 = ch
+                            .old
+                            .as_ref()
+                            .unwrap()
+                            .text("id")
+                            .unwrap()
+                            .parse()
+                            .unwrap();
                         let gone = state.get_mut(&ch.relation.name).and_then(|t| t.remove(&id));
-                        assert!(gone.is_some(), "{label}: delete of a row the copy did not have (gap)");
+                        assert!(
+                            gone.is_some(),
+                            "{label}: delete of a row the copy did not have (gap)"
+                        );
                     }
                     _ => {}
                 }
@@ -86,7 +128,10 @@ fn snapshot_then_stream_equals_table() {
                     s.ack(l);
                 }
             }
-            assert_eq!(dup_inserts, 0, "{label}: inserts already in the copy were streamed again");
+            assert_eq!(
+                dup_inserts, 0,
+                "{label}: inserts already in the copy were streamed again"
+            );
             for t in ["a", "b"] {
                 let want: BTreeMap<i32, String> = c
                     .psql(&format!("SELECT id || '|' || v FROM {t} ORDER BY id"))
@@ -96,9 +141,16 @@ fn snapshot_then_stream_equals_table() {
                         (id.parse().unwrap(), v.to_owned())
                     })
                     .collect();
-                assert_eq!(state.get(t).cloned().unwrap_or_default(), want, "{label}: table {t} differs");
+                assert_eq!(
+                    state.get(t).cloned().unwrap_or_default(),
+                    want,
+                    "{label}: table {t} differs"
+                );
             }
-            eprintln!("{label}: copied {} rows at {}, then streamed the rest; contents match", copy.rows, copy.consistent_point);
+            eprintln!(
+                "{label}: copied {} rows at {}, then streamed the rest; contents match",
+                copy.rows, copy.consistent_point
+            );
         });
     }
 }

@@ -6,7 +6,10 @@ mod support;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use pgwal::{CreateSlotOptions, Event, LogicalStream, Lsn, ReplicationClient, RetryConfig, StreamConfig, Streaming};
+use pgwal::{
+    CreateSlotOptions, Event, LogicalStream, Lsn, ReplicationClient, RetryConfig, StreamConfig,
+    Streaming,
+};
 use support::{block_on, config, Cluster, Options};
 
 const SETUP: &str = "
@@ -17,13 +20,21 @@ CREATE PUBLICATION p FOR TABLE t;
 ";
 
 async fn make_slot(c: &Cluster, name: &str) {
-    let mut client = ReplicationClient::connect(&config(c, "postgres")).await.unwrap();
-    client.create_logical_slot(name, &CreateSlotOptions::new().two_phase(true)).await.unwrap();
+    let mut client = ReplicationClient::connect(&config(c, "postgres"))
+        .await
+        .unwrap();
+    client
+        .create_logical_slot(name, &CreateSlotOptions::new().two_phase(true))
+        .await
+        .unwrap();
 }
 
 fn fast(cfg: StreamConfig) -> StreamConfig {
-    cfg.status_interval(Duration::from_millis(100))
-        .retry(RetryConfig::default().initial_backoff(Duration::from_millis(50)).max_attempts(Some(50)))
+    cfg.status_interval(Duration::from_millis(100)).retry(
+        RetryConfig::default()
+            .initial_backoff(Duration::from_millis(50))
+            .max_attempts(Some(50)),
+    )
 }
 
 async fn next(s: &mut LogicalStream) -> Event {
@@ -45,7 +56,15 @@ async fn next_txn(s: &mut LogicalStream) -> (Vec<i32>, Event, bool) {
                 reconnected = true;
                 ids.clear();
             }
-            Event::Insert(ch) => ids.push(ch.new.as_ref().unwrap().text("id").unwrap().parse().unwrap()),
+            Event::Insert(ch) => ids.push(
+                ch.new
+                    .as_ref()
+                    .unwrap()
+                    .text("id")
+                    .unwrap()
+                    .parse()
+                    .unwrap(),
+            ),
             Event::Commit(_) => return (ids, e, reconnected),
             _ => {}
         }
@@ -53,7 +72,11 @@ async fn next_txn(s: &mut LogicalStream) -> (Vec<i32>, Event, bool) {
 }
 
 fn confirmed_flush(c: &Cluster, slot: &str) -> Lsn {
-    c.query(&format!("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{slot}'")).parse().unwrap()
+    c.query(&format!(
+        "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{slot}'"
+    ))
+    .parse()
+    .unwrap()
 }
 
 #[test]
@@ -70,11 +93,19 @@ fn events_are_typed_and_resolved() {
                  TRUNCATE t;
                  SELECT pg_logical_emit_message(false, 'pfx', 'hello');",
             );
-            let end: Lsn = c.query("SELECT pg_current_wal_insert_lsn()").parse().unwrap();
+            let end: Lsn = c
+                .query("SELECT pg_current_wal_insert_lsn()")
+                .parse()
+                .unwrap();
             let cfg = fast(StreamConfig::new("s", ["p"]).messages(true).stop_lsn(end));
-            let mut s = LogicalStream::start(config(&c, "postgres"), cfg).await.unwrap();
+            let mut s = LogicalStream::start(config(&c, "postgres"), cfg)
+                .await
+                .unwrap();
             let mut kinds = Vec::new();
-            while let Some(e) = tokio::time::timeout(Duration::from_secs(30), s.next()).await.unwrap() {
+            while let Some(e) = tokio::time::timeout(Duration::from_secs(30), s.next())
+                .await
+                .unwrap()
+            {
                 let e = e.unwrap();
                 match &e {
                     Event::Insert(ch) => {
@@ -89,7 +120,10 @@ fn events_are_typed_and_resolved() {
                         let new = ch.new.as_ref().unwrap();
                         assert_eq!(new.text("v"), Some("b"));
                         assert!(!ch.old_is_key);
-                        assert!(!new.has_unchanged_toast(), "{label}: TOAST not merged: {new:?}");
+                        assert!(
+                            !new.has_unchanged_toast(),
+                            "{label}: TOAST not merged: {new:?}"
+                        );
                         assert_eq!(new.text("big").unwrap().len(), 5032);
                     }
                     Event::Delete(ch) => assert_eq!(ch.old.as_ref().unwrap().text("id"), Some("1")),
@@ -100,9 +134,17 @@ fn events_are_typed_and_resolved() {
                 if let Some(l) = e.ack_lsn() {
                     s.ack(l);
                 }
-                kinds.push(format!("{e:?}").split(['(', ' ']).next().unwrap().to_owned());
+                kinds.push(
+                    format!("{e:?}")
+                        .split(['(', ' '])
+                        .next()
+                        .unwrap()
+                        .to_owned(),
+                );
             }
-            for k in ["Begin", "Relation", "Insert", "Update", "Delete", "Truncate", "Commit", "Message"] {
+            for k in [
+                "Begin", "Relation", "Insert", "Update", "Delete", "Truncate", "Commit", "Message",
+            ] {
                 assert!(kinds.iter().any(|x| x == k), "{label}: no {k} in {kinds:?}");
             }
         });
@@ -121,7 +163,10 @@ fn reconnect_redelivers_only_unacked() {
                 sql.push_str(&format!("INSERT INTO t VALUES ({i}, 'v{i}');\n"));
             }
             c.psql(&sql);
-            let mut s = LogicalStream::start(config(&c, "postgres"), fast(StreamConfig::new("s", ["p"]))).await.unwrap();
+            let mut s =
+                LogicalStream::start(config(&c, "postgres"), fast(StreamConfig::new("s", ["p"])))
+                    .await
+                    .unwrap();
             let mut acked_upto = Lsn::INVALID;
             let mut first_unacked_end = Lsn::INVALID;
             for i in 1..=7 {
@@ -142,7 +187,10 @@ fn reconnect_redelivers_only_unacked() {
             // Let feedback reach the server, then kill the walsender.
             tokio::time::sleep(Duration::from_millis(300)).await;
             let confirmed = confirmed_flush(&c, "s");
-            assert!(safe(confirmed), "{label}: confirmed {confirmed} outside [{acked_upto}, {first_unacked_end})");
+            assert!(
+                safe(confirmed),
+                "{label}: confirmed {confirmed} outside [{acked_upto}, {first_unacked_end})"
+            );
             let pid = c.query("SELECT active_pid FROM pg_replication_slots WHERE slot_name = 's'");
             assert_eq!(c.query(&format!("SELECT pg_terminate_backend({pid})")), "t");
             c.psql("INSERT INTO t VALUES (11, 'v11'); INSERT INTO t VALUES (12, 'v12');");
@@ -166,7 +214,11 @@ fn reconnect_redelivers_only_unacked() {
                     _ => {}
                 }
             }
-            assert_eq!(after, vec![6, 7, 8, 9, 10, 11, 12], "{label}: only unacked changes are redelivered, none lost");
+            assert_eq!(
+                after,
+                vec![6, 7, 8, 9, 10, 11, 12],
+                "{label}: only unacked changes are redelivered, none lost"
+            );
             s.shutdown().await.unwrap();
             assert!(confirmed_flush(&c, "s") >= acked_upto);
         });
@@ -181,7 +233,10 @@ fn idle_publication_advances_slot() {
         block_on(async {
             make_slot(&c, "s").await;
             c.psql("INSERT INTO t VALUES (1, 'published');");
-            let mut s = LogicalStream::start(config(&c, "postgres"), fast(StreamConfig::new("s", ["p"]))).await.unwrap();
+            let mut s =
+                LogicalStream::start(config(&c, "postgres"), fast(StreamConfig::new("s", ["p"])))
+                    .await
+                    .unwrap();
             let (_, commit, _) = next_txn(&mut s).await;
             s.ack(commit.ack_lsn().unwrap());
             let start = confirmed_flush(&c, "s");
@@ -189,12 +244,19 @@ fn idle_publication_advances_slot() {
             let deadline = Instant::now() + Duration::from_secs(30);
             let mut target = Lsn::INVALID;
             loop {
-                c.psql("INSERT INTO other (pad) SELECT repeat('x', 100) FROM generate_series(1, 100);");
+                c.psql(
+                    "INSERT INTO other (pad) SELECT repeat('x', 100) FROM generate_series(1, 100);",
+                );
                 if target == Lsn::INVALID {
-                    target = c.query("SELECT pg_current_wal_insert_lsn()").parse().unwrap();
+                    target = c
+                        .query("SELECT pg_current_wal_insert_lsn()")
+                        .parse()
+                        .unwrap();
                 }
                 // Drain (and ack) whatever arrives, e.g. empty transactions on old servers.
-                while let Ok(Some(Ok(e))) = tokio::time::timeout(Duration::from_millis(200), s.next()).await {
+                while let Ok(Some(Ok(e))) =
+                    tokio::time::timeout(Duration::from_millis(200), s.next()).await
+                {
                     if let Some(l) = e.ack_lsn() {
                         s.ack(l);
                     }
@@ -204,7 +266,10 @@ fn idle_publication_advances_slot() {
                     eprintln!("{label}: confirmed_flush_lsn advanced {start} -> {now} with no published change");
                     break;
                 }
-                assert!(Instant::now() < deadline, "{label}: slot stuck at {now} (< {target})");
+                assert!(
+                    Instant::now() < deadline,
+                    "{label}: slot stuck at {now} (< {target})"
+                );
             }
             assert!(s.confirmed() >= target);
             s.shutdown().await.unwrap();
@@ -215,19 +280,36 @@ fn idle_publication_advances_slot() {
 #[test]
 fn slow_consumer_does_not_starve_feedback() {
     for (label, bin) in support::servers() {
-        let c = Cluster::start(label, &bin, Options { hba: vec![], conf: vec!["wal_sender_timeout = '2s'".into()] });
+        let c = Cluster::start(
+            label,
+            &bin,
+            Options {
+                hba: vec![],
+                conf: vec!["wal_sender_timeout = '2s'".into()],
+            },
+        );
         c.psql(SETUP);
         block_on(async {
             make_slot(&c, "s").await;
             c.psql("INSERT INTO t SELECT g, repeat('y', 200) FROM generate_series(1, 30000) g;");
-            let cfg = fast(StreamConfig::new("s", ["p"]).buffer(4).retry(RetryConfig::never()));
-            let mut s = LogicalStream::start(config(&c, "postgres"), cfg).await.unwrap();
+            let cfg = fast(
+                StreamConfig::new("s", ["p"])
+                    .buffer(4)
+                    .retry(RetryConfig::never()),
+            );
+            let mut s = LogicalStream::start(config(&c, "postgres"), cfg)
+                .await
+                .unwrap();
             let first = next(&mut s).await;
             assert!(matches!(first, Event::Begin(_)));
             // Consumer stalls for longer than wal_sender_timeout.
             tokio::time::sleep(Duration::from_secs(5)).await;
-            let pid_before = c.query("SELECT active_pid FROM pg_replication_slots WHERE slot_name = 's'");
-            assert!(!pid_before.is_empty(), "{label}: walsender gone while the consumer stalled");
+            let pid_before =
+                c.query("SELECT active_pid FROM pg_replication_slots WHERE slot_name = 's'");
+            assert!(
+                !pid_before.is_empty(),
+                "{label}: walsender gone while the consumer stalled"
+            );
             let mut inserts = 0;
             loop {
                 match next(&mut s).await {
@@ -242,7 +324,9 @@ fn slow_consumer_does_not_starve_feedback() {
             }
             assert_eq!(inserts, 30000);
             s.shutdown().await.unwrap();
-            assert!(!c.server_log().contains("terminating walsender process due to replication timeout"));
+            assert!(!c
+                .server_log()
+                .contains("terminating walsender process due to replication timeout"));
         });
     }
 }
@@ -250,7 +334,14 @@ fn slow_consumer_does_not_starve_feedback() {
 #[test]
 fn streamed_and_two_phase_transactions() {
     for (label, bin) in support::servers() {
-        let c = Cluster::start(label, &bin, Options { hba: vec![], conf: vec!["logical_decoding_work_mem = '64kB'".into()] });
+        let c = Cluster::start(
+            label,
+            &bin,
+            Options {
+                hba: vec![],
+                conf: vec!["logical_decoding_work_mem = '64kB'".into()],
+            },
+        );
         c.psql(SETUP);
         block_on(async {
             make_slot(&c, "s").await;
@@ -264,18 +355,42 @@ fn streamed_and_two_phase_transactions() {
                  BEGIN; INSERT INTO t VALUES (9001, 'prepared'); PREPARE TRANSACTION 'g1';
                  COMMIT PREPARED 'g1';",
             );
-            let end: Lsn = c.query("SELECT pg_current_wal_insert_lsn()").parse().unwrap();
-            let streaming = if c.major >= 16 { Streaming::Parallel } else { Streaming::On };
-            let cfg = fast(StreamConfig::new("s", ["p"]).streaming(streaming).two_phase(true).stop_lsn(end));
-            let mut s = LogicalStream::start(config(&c, "postgres"), cfg).await.unwrap();
+            let end: Lsn = c
+                .query("SELECT pg_current_wal_insert_lsn()")
+                .parse()
+                .unwrap();
+            let streaming = if c.major >= 16 {
+                Streaming::Parallel
+            } else {
+                Streaming::On
+            };
+            let cfg = fast(
+                StreamConfig::new("s", ["p"])
+                    .streaming(streaming)
+                    .two_phase(true)
+                    .stop_lsn(end),
+            );
+            let mut s = LogicalStream::start(config(&c, "postgres"), cfg)
+                .await
+                .unwrap();
             let mut live = std::collections::HashMap::<u32, Vec<i32>>::new();
             let mut committed = Vec::new();
             let (mut sub_abort, mut prepared, mut commit_prepared) = (false, false, false);
-            while let Some(e) = tokio::time::timeout(Duration::from_secs(30), s.next()).await.unwrap() {
+            while let Some(e) = tokio::time::timeout(Duration::from_secs(30), s.next())
+                .await
+                .unwrap()
+            {
                 let e = e.unwrap();
                 match &e {
                     Event::Insert(ch) => {
-                        let id = ch.new.as_ref().unwrap().text("id").unwrap().parse().unwrap();
+                        let id = ch
+                            .new
+                            .as_ref()
+                            .unwrap()
+                            .text("id")
+                            .unwrap()
+                            .parse()
+                            .unwrap();
                         live.entry(ch.xid.unwrap_or(0)).or_default().push(id);
                     }
                     Event::StreamAbort(a) => {
@@ -298,9 +413,15 @@ fn streamed_and_two_phase_transactions() {
             committed.sort();
             let mut want: Vec<i32> = (1..=2000).collect();
             want.push(9001);
-            assert_eq!(committed, want, "{label}: rolled-back savepoint rows must be discarded");
+            assert_eq!(
+                committed, want,
+                "{label}: rolled-back savepoint rows must be discarded"
+            );
             assert!(sub_abort, "{label}: no subtransaction abort");
-            assert!(prepared && commit_prepared, "{label}: two-phase messages missing");
+            assert!(
+                prepared && commit_prepared,
+                "{label}: two-phase messages missing"
+            );
         });
     }
 }
@@ -321,14 +442,29 @@ fn toast_cache_fills_unchanged_columns() {
                 "INSERT INTO tt VALUES (2, 'seen', repeat('s', 4000));
                  UPDATE tt SET v = 'x' WHERE id IN (1, 2);",
             );
-            let end: Lsn = c.query("SELECT pg_current_wal_insert_lsn()").parse().unwrap();
-            let cfg = fast(StreamConfig::new("s", ["pt"]).toast_cache_rows(100).stop_lsn(end));
-            let mut s = LogicalStream::start(config(&c, "postgres"), cfg).await.unwrap();
+            let end: Lsn = c
+                .query("SELECT pg_current_wal_insert_lsn()")
+                .parse()
+                .unwrap();
+            let cfg = fast(
+                StreamConfig::new("s", ["pt"])
+                    .toast_cache_rows(100)
+                    .stop_lsn(end),
+            );
+            let mut s = LogicalStream::start(config(&c, "postgres"), cfg)
+                .await
+                .unwrap();
             let mut updates = std::collections::BTreeMap::new();
-            while let Some(e) = tokio::time::timeout(Duration::from_secs(30), s.next()).await.unwrap() {
+            while let Some(e) = tokio::time::timeout(Duration::from_secs(30), s.next())
+                .await
+                .unwrap()
+            {
                 if let Event::Update(ch) = e.unwrap() {
                     let new = ch.new.unwrap();
-                    updates.insert(new.text("id").unwrap().to_owned(), (new.has_unchanged_toast(), new.text("big").map(str::len)));
+                    updates.insert(
+                        new.text("id").unwrap().to_owned(),
+                        (new.has_unchanged_toast(), new.text("big").map(str::len)),
+                    );
                 }
             }
             // Row 2 was inserted while streaming: its TOAST value is filled in.
@@ -342,14 +478,23 @@ fn toast_cache_fills_unchanged_columns() {
 #[test]
 fn reconnect_inside_streamed_transaction() {
     for (label, bin) in support::servers() {
-        let c = Cluster::start(label, &bin, Options { hba: vec![], conf: vec!["logical_decoding_work_mem = '64kB'".into()] });
+        let c = Cluster::start(
+            label,
+            &bin,
+            Options {
+                hba: vec![],
+                conf: vec!["logical_decoding_work_mem = '64kB'".into()],
+            },
+        );
         c.psql(SETUP);
         block_on(async {
             make_slot(&c, "s").await;
             let before = confirmed_flush(&c, "s");
             c.psql("INSERT INTO t SELECT g, repeat('z', 100) FROM generate_series(1, 5000) g;");
             let cfg = fast(StreamConfig::new("s", ["p"]).streaming(Streaming::On));
-            let mut s = LogicalStream::start(config(&c, "postgres"), cfg).await.unwrap();
+            let mut s = LogicalStream::start(config(&c, "postgres"), cfg)
+                .await
+                .unwrap();
             // Receive the first streamed block only, then lose the connection.
             loop {
                 if let Event::StreamStop = next(&mut s).await {
@@ -371,14 +516,20 @@ fn reconnect_inside_streamed_transaction() {
                     }
                     Event::Insert(_) if seen_marker => rows += 1,
                     Event::StreamCommit(sc) if seen_marker => {
-                        assert!(confirmed_at_kill < sc.commit_lsn, "{label}: slot passed an unacked streamed commit");
+                        assert!(
+                            confirmed_at_kill < sc.commit_lsn,
+                            "{label}: slot passed an unacked streamed commit"
+                        );
                         s.ack(sc.end_lsn);
                         break;
                     }
                     _ => {}
                 }
             }
-            assert_eq!(rows, 5000, "{label}: the streamed transaction must be delivered whole after reconnect");
+            assert_eq!(
+                rows, 5000,
+                "{label}: the streamed transaction must be delivered whole after reconnect"
+            );
             s.shutdown().await.unwrap();
         });
     }

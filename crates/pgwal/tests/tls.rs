@@ -10,26 +10,56 @@ use pgwal::{Config, Error, ReplicationClient};
 use support::{block_on, Cluster, Options};
 
 fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl").current_dir(dir).args(args).output().expect("openssl");
-    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// A CA, a server certificate for DNS name `localhost` only, and an
 /// unrelated second CA.
 fn make_pki(dir: &Path) {
     std::fs::create_dir_all(dir).unwrap();
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
     for ca in ["ca", "other_ca"] {
         let mut a = vec!["req", "-x509"];
         a.extend(ec);
-        let (key, crt, subj) = (format!("{ca}.key"), format!("{ca}.crt"), format!("/CN=pgwal test {ca}"));
+        let (key, crt, subj) = (
+            format!("{ca}.key"),
+            format!("{ca}.crt"),
+            format!("/CN=pgwal test {ca}"),
+        );
         a.extend(["-keyout", &key, "-out", &crt, "-days", "2", "-subj", &subj]);
-        a.extend(["-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]);
+        a.extend([
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ]);
         openssl(dir, &a);
     }
     let mut a = vec!["req"];
     a.extend(ec);
-    a.extend(["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"]);
+    a.extend([
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
     openssl(dir, &a);
     std::fs::write(
         dir.join("ext.cnf"),
@@ -38,9 +68,29 @@ fn make_pki(dir: &Path) {
     .unwrap();
     openssl(
         dir,
-        &["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "server.crt", "-days", "2", "-extfile", "ext.cnf"],
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+        ],
     );
-    std::fs::set_permissions(dir.join("server.key"), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(
+        dir.join("server.key"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
 }
 
 /// Removes the PKI directory when dropped, also on failure.
@@ -53,19 +103,29 @@ impl Drop for PkiDir {
 }
 
 fn cfg(c: &Cluster, host: &str, extra: &str) -> Config {
-    format!("host={host} port={} user=u_tls password=tls_pw dbname=postgres {extra}", c.port).parse().unwrap()
+    format!(
+        "host={host} port={} user=u_tls password=tls_pw dbname=postgres {extra}",
+        c.port
+    )
+    .parse()
+    .unwrap()
 }
 
 async fn uses_tls(config: &Config) -> Result<bool, Error> {
     let mut client = ReplicationClient::connect(config).await?;
-    let rows = client.simple_query("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").await?;
+    let rows = client
+        .simple_query("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+        .await?;
     Ok(rows[0].get_index(0) == Some("t"))
 }
 
 #[test]
 fn sslmodes_and_channel_binding() {
     for (label, bin) in support::servers() {
-        let guard = PkiDir(PathBuf::from(format!("/tmp/pgwal-pki-{}-{label}", std::process::id())));
+        let guard = PkiDir(PathBuf::from(format!(
+            "/tmp/pgwal-pki-{}-{label}",
+            std::process::id()
+        )));
         let pki = guard.0.clone();
         let _ = std::fs::remove_dir_all(&pki);
         make_pki(&pki);
@@ -89,32 +149,94 @@ fn sslmodes_and_channel_binding() {
         let root = |p: &Path| format!("sslrootcert={}", p.display());
         block_on(async {
             // disable: rejected by pg_hba (SQLSTATE 28000).
-            let e = uses_tls(&cfg(&c, "127.0.0.1", "sslmode=disable")).await.unwrap_err();
+            let e = uses_tls(&cfg(&c, "127.0.0.1", "sslmode=disable"))
+                .await
+                .unwrap_err();
             assert_eq!(e.code(), Some("28000"), "{label}: {e}");
             // prefer / require: encrypted, certificate not checked.
-            assert!(uses_tls(&cfg(&c, "127.0.0.1", "sslmode=prefer")).await.unwrap());
-            assert!(uses_tls(&cfg(&c, "127.0.0.1", &format!("sslmode=require {}", root(&other)))).await.unwrap());
+            assert!(uses_tls(&cfg(&c, "127.0.0.1", "sslmode=prefer"))
+                .await
+                .unwrap());
+            assert!(uses_tls(&cfg(
+                &c,
+                "127.0.0.1",
+                &format!("sslmode=require {}", root(&other))
+            ))
+            .await
+            .unwrap());
             // verify-ca: the chain must lead to the given root; the name is not checked.
-            assert!(uses_tls(&cfg(&c, "127.0.0.1", &format!("sslmode=verify-ca {}", root(&ca)))).await.unwrap());
-            let e = uses_tls(&cfg(&c, "127.0.0.1", &format!("sslmode=verify-ca {}", root(&other)))).await.unwrap_err();
-            assert!(matches!(e, Error::Tls(_)), "{label}: wrong CA must fail: {e}");
+            assert!(uses_tls(&cfg(
+                &c,
+                "127.0.0.1",
+                &format!("sslmode=verify-ca {}", root(&ca))
+            ))
+            .await
+            .unwrap());
+            let e = uses_tls(&cfg(
+                &c,
+                "127.0.0.1",
+                &format!("sslmode=verify-ca {}", root(&other)),
+            ))
+            .await
+            .unwrap_err();
+            assert!(
+                matches!(e, Error::Tls(_)),
+                "{label}: wrong CA must fail: {e}"
+            );
             // verify-full: the name must match too.
-            assert!(uses_tls(&cfg(&c, "localhost", &format!("sslmode=verify-full {}", root(&ca)))).await.unwrap());
-            let e = uses_tls(&cfg(&c, "127.0.0.1", &format!("sslmode=verify-full {}", root(&ca)))).await.unwrap_err();
-            assert!(matches!(e, Error::Tls(_)), "{label}: name mismatch must fail: {e}");
-            let e = uses_tls(&cfg(&c, "localhost", &format!("sslmode=verify-full {}", root(&other)))).await.unwrap_err();
+            assert!(uses_tls(&cfg(
+                &c,
+                "localhost",
+                &format!("sslmode=verify-full {}", root(&ca))
+            ))
+            .await
+            .unwrap());
+            let e = uses_tls(&cfg(
+                &c,
+                "127.0.0.1",
+                &format!("sslmode=verify-full {}", root(&ca)),
+            ))
+            .await
+            .unwrap_err();
+            assert!(
+                matches!(e, Error::Tls(_)),
+                "{label}: name mismatch must fail: {e}"
+            );
+            let e = uses_tls(&cfg(
+                &c,
+                "localhost",
+                &format!("sslmode=verify-full {}", root(&other)),
+            ))
+            .await
+            .unwrap_err();
             assert!(matches!(e, Error::Tls(_)), "{label}: {e}");
             // SCRAM-SHA-256-PLUS is used over TLS (required here, so this
             // fails unless channel binding really happened).
-            assert!(uses_tls(&cfg(&c, "127.0.0.1", "sslmode=require channel_binding=require")).await.unwrap());
-            assert!(uses_tls(&cfg(&c, "127.0.0.1", "sslmode=require channel_binding=disable")).await.unwrap());
+            assert!(uses_tls(&cfg(
+                &c,
+                "127.0.0.1",
+                "sslmode=require channel_binding=require"
+            ))
+            .await
+            .unwrap());
+            assert!(uses_tls(&cfg(
+                &c,
+                "127.0.0.1",
+                "sslmode=require channel_binding=disable"
+            ))
+            .await
+            .unwrap());
             // A wrong password fails cleanly.
             let mut bad = cfg(&c, "127.0.0.1", "sslmode=require");
             bad.password = Some("nope".into());
             assert_eq!(uses_tls(&bad).await.unwrap_err().code(), Some("28P01"));
             // Direct TLS (no SSLRequest), PostgreSQL 17+.
             if c.major >= 17 {
-                let d = cfg(&c, "localhost", &format!("sslmode=verify-full sslnegotiation=direct {}", root(&ca)));
+                let d = cfg(
+                    &c,
+                    "localhost",
+                    &format!("sslmode=verify-full sslnegotiation=direct {}", root(&ca)),
+                );
                 assert!(uses_tls(&d).await.unwrap(), "{label}: direct TLS");
             }
         });

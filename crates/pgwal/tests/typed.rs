@@ -71,7 +71,10 @@ fn expected() -> AllTypes {
         nul: None,
         by: vec![0, 255, 16],
         j: serde_json::json!({"a": [1, 2]}),
-        jb: Extra { k: vec![3], name: "x".into() },
+        jb: Extra {
+            k: vec![3],
+            name: "x".into(),
+        },
         u: "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11".into(),
         ts: "2024-02-29T12:34:56.789000Z".into(),
         tstz: "2024-02-29T10:34:56.789000Z".into(),
@@ -88,24 +91,52 @@ fn rows_deserialize_in_text_and_binary() {
         let c = Cluster::start(label, &bin, Options::default());
         c.psql(DDL);
         block_on(async {
-            let mut client = ReplicationClient::connect(&config(&c, "postgres")).await.unwrap();
-            client.create_logical_slot("st", &CreateSlotOptions::new()).await.unwrap();
-            client.create_logical_slot("sb", &CreateSlotOptions::new()).await.unwrap();
+            let mut client = ReplicationClient::connect(&config(&c, "postgres"))
+                .await
+                .unwrap();
+            client
+                .create_logical_slot("st", &CreateSlotOptions::new())
+                .await
+                .unwrap();
+            client
+                .create_logical_slot("sb", &CreateSlotOptions::new())
+                .await
+                .unwrap();
             c.psql(ROW);
-            let end: Lsn = c.query("SELECT pg_current_wal_insert_lsn()").parse().unwrap();
+            let end: Lsn = c
+                .query("SELECT pg_current_wal_insert_lsn()")
+                .parse()
+                .unwrap();
             for (slot, binary) in [("st", false), ("sb", true)] {
-                let cfg = StreamConfig::new(slot, ["p"]).binary(binary).stop_lsn(end).status_interval(Duration::from_millis(100));
-                let mut s = LogicalStream::start(config(&c, "postgres"), cfg).await.unwrap();
+                let cfg = StreamConfig::new(slot, ["p"])
+                    .binary(binary)
+                    .stop_lsn(end)
+                    .status_interval(Duration::from_millis(100));
+                let mut s = LogicalStream::start(config(&c, "postgres"), cfg)
+                    .await
+                    .unwrap();
                 let mut got = None;
-                while let Some(e) = tokio::time::timeout(Duration::from_secs(30), s.next()).await.unwrap() {
+                while let Some(e) = tokio::time::timeout(Duration::from_secs(30), s.next())
+                    .await
+                    .unwrap()
+                {
                     if let Event::Insert(ch) = e.unwrap() {
                         let row = ch.new.unwrap();
                         if binary {
-                            assert!(row.values().iter().any(|v| matches!(v, pgwal::protocol::pgoutput::ColumnValue::Binary(_))));
+                            assert!(row.values().iter().any(|v| matches!(
+                                v,
+                                pgwal::protocol::pgoutput::ColumnValue::Binary(_)
+                            )));
                         }
                         let n = row.iter().find(|(col, _)| col.name == "n").unwrap();
-                        assert_eq!(decode(n.0.type_oid, n.1).unwrap(), Value::Numeric("12345678901234567890.000123".into()));
-                        got = Some(row.deserialize::<AllTypes>().unwrap_or_else(|e| panic!("{label} binary={binary}: {e}")));
+                        assert_eq!(
+                            decode(n.0.type_oid, n.1).unwrap(),
+                            Value::Numeric("12345678901234567890.000123".into())
+                        );
+                        got = Some(
+                            row.deserialize::<AllTypes>()
+                                .unwrap_or_else(|e| panic!("{label} binary={binary}: {e}")),
+                        );
                     }
                 }
                 assert_eq!(got.unwrap(), expected(), "{label} binary={binary}");

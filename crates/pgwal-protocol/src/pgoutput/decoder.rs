@@ -55,21 +55,42 @@ impl Decoder {
             b'B' => (LogicalMessage::Begin(Begin::decode(&mut r)?), "Begin"),
             b'C' => (LogicalMessage::Commit(Commit::decode(&mut r)?), "Commit"),
             b'O' => (LogicalMessage::Origin(Origin::decode(&mut r)?), "Origin"),
-            b'R' => (LogicalMessage::Relation(Relation::decode(&mut r, s)?), "Relation"),
-            b'Y' => (LogicalMessage::Type(TypeMessage::decode(&mut r, s)?), "Type"),
+            b'R' => (
+                LogicalMessage::Relation(Relation::decode(&mut r, s)?),
+                "Relation",
+            ),
+            b'Y' => (
+                LogicalMessage::Type(TypeMessage::decode(&mut r, s)?),
+                "Type",
+            ),
             b'I' => (LogicalMessage::Insert(Insert::decode(&mut r, s)?), "Insert"),
             b'U' => (LogicalMessage::Update(Update::decode(&mut r, s)?), "Update"),
             b'D' => (LogicalMessage::Delete(Delete::decode(&mut r, s)?), "Delete"),
-            b'T' => (LogicalMessage::Truncate(Truncate::decode(&mut r, s)?), "Truncate"),
+            b'T' => (
+                LogicalMessage::Truncate(Truncate::decode(&mut r, s)?),
+                "Truncate",
+            ),
             b'M' => (
                 LogicalMessage::Message(LogicalDecodingMessage::decode(&mut r, s)?),
                 "Message",
             ),
-            b'S' => (LogicalMessage::StreamStart(StreamStart::decode(&mut r)?), "Stream Start"),
+            b'S' => (
+                LogicalMessage::StreamStart(StreamStart::decode(&mut r)?),
+                "Stream Start",
+            ),
             b'E' => (LogicalMessage::StreamStop, "Stream Stop"),
-            b'c' => (LogicalMessage::StreamCommit(StreamCommit::decode(&mut r)?), "Stream Commit"),
-            b'A' => (LogicalMessage::StreamAbort(StreamAbort::decode(&mut r)?), "Stream Abort"),
-            b'b' => (LogicalMessage::BeginPrepare(BeginPrepare::decode(&mut r)?), "Begin Prepare"),
+            b'c' => (
+                LogicalMessage::StreamCommit(StreamCommit::decode(&mut r)?),
+                "Stream Commit",
+            ),
+            b'A' => (
+                LogicalMessage::StreamAbort(StreamAbort::decode(&mut r)?),
+                "Stream Abort",
+            ),
+            b'b' => (
+                LogicalMessage::BeginPrepare(BeginPrepare::decode(&mut r)?),
+                "Begin Prepare",
+            ),
             b'P' => (LogicalMessage::Prepare(Prepare::decode(&mut r)?), "Prepare"),
             b'K' => (
                 LogicalMessage::CommitPrepared(CommitPrepared::decode(&mut r)?),
@@ -79,7 +100,10 @@ impl Decoder {
                 LogicalMessage::RollbackPrepared(RollbackPrepared::decode(&mut r)?),
                 "Rollback Prepared",
             ),
-            b'p' => (LogicalMessage::StreamPrepare(Prepare::decode(&mut r)?), "Stream Prepare"),
+            b'p' => (
+                LogicalMessage::StreamPrepare(Prepare::decode(&mut r)?),
+                "Stream Prepare",
+            ),
             tag => {
                 return Err(DecodeError::UnknownTag {
                     context: "pgoutput message",

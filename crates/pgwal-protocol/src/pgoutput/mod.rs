@@ -62,7 +62,10 @@ fn put_stream_xid(buf: &mut BytesMut, xid: Option<u32>) {
 /// Reads the `lsn, end_lsn, timestamp` run that Commit, Stream Commit, Begin
 /// Prepare, Prepare and Commit Prepared carry: a record's LSN, the end of
 /// that record and its time. `fields` names the three in errors.
-fn read_span(r: &mut Reader, fields: [&'static str; 3]) -> Result<(Lsn, Lsn, PgTimestamp), DecodeError> {
+fn read_span(
+    r: &mut Reader,
+    fields: [&'static str; 3],
+) -> Result<(Lsn, Lsn, PgTimestamp), DecodeError> {
     let [lsn, end_lsn, time] = fields;
     Ok((r.lsn(lsn)?, r.lsn(end_lsn)?, PgTimestamp(r.i64(time)?)))
 }

@@ -50,9 +50,19 @@ impl StreamCommit {
         let flags = r.u8("stream_commit.flags")?;
         let (commit_lsn, end_lsn, commit_time) = read_span(
             r,
-            ["stream_commit.commit_lsn", "stream_commit.end_lsn", "stream_commit.commit_time"],
+            [
+                "stream_commit.commit_lsn",
+                "stream_commit.end_lsn",
+                "stream_commit.commit_time",
+            ],
         )?;
-        Ok(StreamCommit { xid, flags, commit_lsn, end_lsn, commit_time })
+        Ok(StreamCommit {
+            xid,
+            flags,
+            commit_lsn,
+            end_lsn,
+            commit_time,
+        })
     }
 
     pub(crate) fn encode(&self, buf: &mut BytesMut) {

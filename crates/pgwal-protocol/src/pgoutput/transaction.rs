@@ -50,9 +50,16 @@ pub struct Commit {
 impl Commit {
     pub(crate) fn decode(r: &mut Reader) -> Result<Self, DecodeError> {
         let flags = r.u8("commit.flags")?;
-        let (commit_lsn, end_lsn, commit_time) =
-            read_span(r, ["commit.commit_lsn", "commit.end_lsn", "commit.commit_time"])?;
-        Ok(Commit { flags, commit_lsn, end_lsn, commit_time })
+        let (commit_lsn, end_lsn, commit_time) = read_span(
+            r,
+            ["commit.commit_lsn", "commit.end_lsn", "commit.commit_time"],
+        )?;
+        Ok(Commit {
+            flags,
+            commit_lsn,
+            end_lsn,
+            commit_time,
+        })
     }
 
     pub(crate) fn encode(&self, buf: &mut BytesMut) {

@@ -91,7 +91,11 @@ impl TupleData {
                 ColumnValue::Null => buf.put_u8(b'n'),
                 ColumnValue::UnchangedToast => buf.put_u8(b'u'),
                 ColumnValue::Text(b) | ColumnValue::Binary(b) => {
-                    buf.put_u8(if matches!(c, ColumnValue::Text(_)) { b't' } else { b'b' });
+                    buf.put_u8(if matches!(c, ColumnValue::Text(_)) {
+                        b't'
+                    } else {
+                        b'b'
+                    });
                     buf.put_i32(b.len() as i32);
                     buf.put_slice(b);
                 }

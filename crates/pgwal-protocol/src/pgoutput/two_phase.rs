@@ -19,7 +19,14 @@ fn read_prepared(
 }
 
 /// Writes what [`read_prepared`] reads.
-fn put_prepared(buf: &mut BytesMut, lsn: Lsn, end_lsn: Lsn, time: PgTimestamp, xid: u32, gid: &str) {
+fn put_prepared(
+    buf: &mut BytesMut,
+    lsn: Lsn,
+    end_lsn: Lsn,
+    time: PgTimestamp,
+    xid: u32,
+    gid: &str,
+) {
     put_span(buf, lsn, end_lsn, time);
     buf.put_u32(xid);
     put_cstr(buf, gid);
@@ -52,11 +59,24 @@ impl BeginPrepare {
                 "begin_prepare.gid",
             ],
         )?;
-        Ok(BeginPrepare { prepare_lsn, end_lsn, prepare_time, xid, gid })
+        Ok(BeginPrepare {
+            prepare_lsn,
+            end_lsn,
+            prepare_time,
+            xid,
+            gid,
+        })
     }
 
     pub(crate) fn encode(&self, buf: &mut BytesMut) {
-        put_prepared(buf, self.prepare_lsn, self.end_lsn, self.prepare_time, self.xid, &self.gid);
+        put_prepared(
+            buf,
+            self.prepare_lsn,
+            self.end_lsn,
+            self.prepare_time,
+            self.xid,
+            &self.gid,
+        );
     }
 }
 
@@ -82,14 +102,34 @@ impl Prepare {
         let flags = r.u8("prepare.flags")?;
         let (prepare_lsn, end_lsn, prepare_time, xid, gid) = read_prepared(
             r,
-            ["prepare.prepare_lsn", "prepare.end_lsn", "prepare.time", "prepare.xid", "prepare.gid"],
+            [
+                "prepare.prepare_lsn",
+                "prepare.end_lsn",
+                "prepare.time",
+                "prepare.xid",
+                "prepare.gid",
+            ],
         )?;
-        Ok(Prepare { flags, prepare_lsn, end_lsn, prepare_time, xid, gid })
+        Ok(Prepare {
+            flags,
+            prepare_lsn,
+            end_lsn,
+            prepare_time,
+            xid,
+            gid,
+        })
     }
 
     pub(crate) fn encode(&self, buf: &mut BytesMut) {
         buf.put_u8(self.flags);
-        put_prepared(buf, self.prepare_lsn, self.end_lsn, self.prepare_time, self.xid, &self.gid);
+        put_prepared(
+            buf,
+            self.prepare_lsn,
+            self.end_lsn,
+            self.prepare_time,
+            self.xid,
+            &self.gid,
+        );
     }
 }
 
@@ -123,12 +163,26 @@ impl CommitPrepared {
                 "commit_prepared.gid",
             ],
         )?;
-        Ok(CommitPrepared { flags, commit_lsn, end_lsn, commit_time, xid, gid })
+        Ok(CommitPrepared {
+            flags,
+            commit_lsn,
+            end_lsn,
+            commit_time,
+            xid,
+            gid,
+        })
     }
 
     pub(crate) fn encode(&self, buf: &mut BytesMut) {
         buf.put_u8(self.flags);
-        put_prepared(buf, self.commit_lsn, self.end_lsn, self.commit_time, self.xid, &self.gid);
+        put_prepared(
+            buf,
+            self.commit_lsn,
+            self.end_lsn,
+            self.commit_time,
+            self.xid,
+            &self.gid,
+        );
     }
 }
 

@@ -106,7 +106,10 @@ mod tests {
         let mut buf = BytesMut::new();
         s.encode(&mut buf);
         assert_eq!(buf.len(), StandbyStatusUpdate::EXTENDED_LEN);
-        assert_eq!(StandbyStatusUpdate::decode(buf.clone().freeze()).unwrap(), s);
+        assert_eq!(
+            StandbyStatusUpdate::decode(buf.clone().freeze()).unwrap(),
+            s
+        );
         for n in 0..buf.len() {
             if n != StandbyStatusUpdate::STOCK_LEN {
                 assert!(StandbyStatusUpdate::decode(buf.clone().freeze().slice(..n)).is_err());

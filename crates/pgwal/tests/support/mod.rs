@@ -16,7 +16,10 @@ static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
 }
 
 /// The server builds to test against: `(label, bin dir)`. Missing ones are
@@ -59,7 +62,11 @@ fn server_cmd(program: &Path) -> Command {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn run(mut c: Command, what: &str) {
@@ -89,7 +96,6 @@ pub struct Options {
     pub conf: Vec<String>,
 }
 
-
 impl Cluster {
     pub fn start(label: &'static str, bin: &Path, opts: Options) -> Cluster {
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
@@ -98,7 +104,10 @@ impl Cluster {
         std::fs::create_dir_all(&dir).unwrap();
         let data = dir.join("data");
         if is_root() {
-            let user = Command::new(repo_root().join("tools/as-user")).arg("--ensure").output().unwrap();
+            let user = Command::new(repo_root().join("tools/as-user"))
+                .arg("--ensure")
+                .output()
+                .unwrap();
             let user = String::from_utf8_lossy(&user.stdout).trim().to_owned();
             run(
                 {
@@ -109,9 +118,24 @@ impl Cluster {
                 "chown",
             );
         }
-        let mut cluster = Cluster { dir: dir.clone(), bin: bin.to_owned(), port: 0, label, major: 0 };
+        let mut cluster = Cluster {
+            dir: dir.clone(),
+            bin: bin.to_owned(),
+            port: 0,
+            label,
+            major: 0,
+        };
         let mut c = server_cmd(&bin.join("initdb"));
-        c.args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync", "-D"]).arg(&data);
+        c.args([
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+            "-D",
+        ])
+        .arg(&data);
         run(c, "initdb");
         let port = free_port();
         cluster.port = port;
@@ -127,7 +151,10 @@ impl Cluster {
             conf.push('\n');
         }
         let append = |file: &str, text: &str| {
-            let mut f = std::fs::OpenOptions::new().append(true).open(data.join(file)).unwrap();
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(data.join(file))
+                .unwrap();
             f.write_all(text.as_bytes()).unwrap();
         };
         append("postgresql.conf", &conf);
@@ -138,12 +165,25 @@ impl Cluster {
         }
         hba.push_str("host all all 127.0.0.1/32 trust\nhost replication all 127.0.0.1/32 trust\n");
         // Our lines must come first: rewrite the file.
-        std::fs::write(data.join("pg_hba.conf"), format!("local all all trust\n{hba}")).unwrap();
+        std::fs::write(
+            data.join("pg_hba.conf"),
+            format!("local all all trust\n{hba}"),
+        )
+        .unwrap();
         let mut c = server_cmd(&bin.join("pg_ctl"));
-        c.args(["-w", "-t", "60", "-D"]).arg(&data).arg("-l").arg(dir.join("server.log")).arg("start");
+        c.args(["-w", "-t", "60", "-D"])
+            .arg(&data)
+            .arg("-l")
+            .arg(dir.join("server.log"))
+            .arg("start");
         c.stdout(Stdio::null());
         run(c, "pg_ctl start");
-        cluster.major = cluster.query("SHOW server_version_num").trim().parse::<u32>().unwrap() / 10000;
+        cluster.major = cluster
+            .query("SHOW server_version_num")
+            .trim()
+            .parse::<u32>()
+            .unwrap()
+            / 10000;
         cluster
     }
 
@@ -151,18 +191,39 @@ impl Cluster {
     /// returns unaligned, tuples-only output.
     pub fn psql(&self, sql: &str) -> String {
         let mut c = Command::new(self.bin.join("psql"));
-        c.args(["-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres"])
-            .arg("-p")
-            .arg(self.port.to_string())
-            .arg("-f")
-            .arg("-")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        c.args([
+            "-X",
+            "-q",
+            "-At",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+        ])
+        .arg("-p")
+        .arg(self.port.to_string())
+        .arg("-f")
+        .arg("-")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
         let mut child = c.spawn().unwrap();
-        child.stdin.take().unwrap().write_all(sql.as_bytes()).unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(sql.as_bytes())
+            .unwrap();
         let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "psql failed on\n{sql}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "psql failed on\n{sql}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout).unwrap()
     }
 
@@ -173,7 +234,10 @@ impl Cluster {
 
     /// `host=127.0.0.1 port=... user=postgres dbname=postgres`
     pub fn conninfo(&self, user: &str) -> String {
-        format!("host=127.0.0.1 port={} user={user} dbname=postgres", self.port)
+        format!(
+            "host=127.0.0.1 port={} user={user} dbname=postgres",
+            self.port
+        )
     }
 
     pub fn server_log(&self) -> String {
@@ -184,11 +248,17 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         let mut c = server_cmd(&self.bin.join("pg_ctl"));
-        c.args(["-m", "immediate", "-w", "-D"]).arg(self.dir.join("data")).arg("stop");
+        c.args(["-m", "immediate", "-w", "-D"])
+            .arg(self.dir.join("data"))
+            .arg("stop");
         c.stdout(Stdio::null()).stderr(Stdio::null());
         let _ = c.status();
         if std::thread::panicking() {
-            eprintln!("--- server log of {} ---\n{}", self.label, self.server_log());
+            eprintln!(
+                "--- server log of {} ---\n{}",
+                self.label,
+                self.server_log()
+            );
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -206,13 +276,21 @@ pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
 
 /// A connection config for `user` on `c` (TLS off).
 pub fn config(c: &Cluster, user: &str) -> pgwal::Config {
-    format!("{} sslmode=disable application_name=pgwal_test", c.conninfo(user)).parse().unwrap()
+    format!(
+        "{} sslmode=disable application_name=pgwal_test",
+        c.conninfo(user)
+    )
+    .parse()
+    .unwrap()
 }
 
 /// Makes `path` (recursively) owned by the server's user when running as root.
 pub fn give_to_server_user(path: &Path) {
     if is_root() {
-        let user = Command::new(repo_root().join("tools/as-user")).arg("--ensure").output().unwrap();
+        let user = Command::new(repo_root().join("tools/as-user"))
+            .arg("--ensure")
+            .output()
+            .unwrap();
         let user = String::from_utf8_lossy(&user.stdout).trim().to_owned();
         let mut c = Command::new("chown");
         c.arg("-R").arg(&user).arg(path);
