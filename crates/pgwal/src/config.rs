@@ -64,6 +64,15 @@ pub enum ChannelBinding {
 /// `PGAPPNAME`, `PGCONNECT_TIMEOUT`, `PGPASSFILE`), then from libpq's defaults.
 /// A missing password is looked up in the password file (`~/.pgpass`).
 ///
+/// A `host` that is an absolute path names a directory holding a Unix-domain
+/// socket (`DIR/.s.PGSQL.PORT`), as in libpq; in a URI, percent-encode it
+/// (`postgresql://%2Fvar%2Frun%2Fpostgresql/db`) or pass it as `?host=`. As
+/// libpq does, TLS is never attempted over a Unix-domain socket (`sslmode`
+/// is ignored there), so channel binding is not available on one. Without
+/// any host the first of `/var/run/postgresql` (Debian's socket directory)
+/// and `/tmp` (upstream's) that holds the port's socket is used, else
+/// `localhost` over TCP.
+///
 /// ```
 /// use pgwal::{Config, SslMode};
 ///
@@ -79,9 +88,10 @@ pub enum ChannelBinding {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Config {
-    /// Host name or IP address (TCP only).
+    /// Host name or IP address, or the absolute path of a Unix-domain
+    /// socket directory.
     pub host: String,
-    /// TCP port.
+    /// Port: TCP port, or the number in the socket file's name.
     pub port: u16,
     /// User name.
     pub user: String,
@@ -329,16 +339,6 @@ impl Config {
     }
 
     fn from_raw(r: Raw) -> Result<Config> {
-        let host = r
-            .host
-            .or_else(|| env("PGHOST"))
-            .unwrap_or_else(|| "localhost".into());
-        if host.starts_with('/') || host.contains(',') {
-            return Err(Error::Config {
-                key: format!("host={host}"),
-                reason: "only a single TCP host is supported",
-            });
-        }
         let port = r
             .port
             .or_else(|| env("PGPORT"))
@@ -347,6 +347,22 @@ impl Config {
             key: format!("port={port}"),
             reason: "not a port number",
         })?;
+        let host = r
+            .host
+            .or_else(|| env("PGHOST"))
+            .unwrap_or_else(|| default_host(port));
+        if host.contains(',') {
+            return Err(Error::Config {
+                key: format!("host={host}"),
+                reason: "only a single host is supported",
+            });
+        }
+        if host.starts_with('@') {
+            return Err(Error::Config {
+                key: format!("host={host}"),
+                reason: "abstract Unix-domain sockets are not supported",
+            });
+        }
         let user = r
             .user
             .or_else(|| env("PGUSER"))
@@ -418,6 +434,23 @@ impl Config {
         })
     }
 
+    /// The Unix-domain socket this configuration connects to, if `host` is a
+    /// socket directory.
+    ///
+    /// ```
+    /// use pgwal::Config;
+    ///
+    /// let c: Config = "host=/var/run/postgresql port=5433".parse().unwrap();
+    /// assert_eq!(c.unix_socket().unwrap().to_str(), Some("/var/run/postgresql/.s.PGSQL.5433"));
+    /// let c: Config = "host=127.0.0.1".parse().unwrap();
+    /// assert!(c.unix_socket().is_none());
+    /// ```
+    pub fn unix_socket(&self) -> Option<PathBuf> {
+        self.host
+            .starts_with('/')
+            .then(|| socket_path(&self.host, self.port))
+    }
+
     /// The password to send: the configured one, else the password file's.
     pub fn resolve_password(&self) -> Option<String> {
         if let Some(p) = &self.password {
@@ -428,8 +461,31 @@ impl Config {
             .clone()
             .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pgpass")))?;
         let text = std::fs::read_to_string(file).ok()?;
-        crate::pgpass::lookup(&text, &self.host, self.port, &self.dbname, &self.user)
+        // libpq matches a connection over the default socket directory as
+        // `localhost`; any other socket directory matches by its path.
+        let host = match self.host.as_str() {
+            h if DEFAULT_SOCKET_DIRS.contains(&h.trim_end_matches('/')) => "localhost",
+            h => h,
+        };
+        crate::pgpass::lookup(&text, host, self.port, &self.dbname, &self.user)
     }
+}
+
+/// Socket directories tried, in order, when no host is given: Debian's
+/// packages, then upstream PostgreSQL's default.
+const DEFAULT_SOCKET_DIRS: [&str; 2] = ["/var/run/postgresql", "/tmp"];
+
+fn socket_path(dir: &str, port: u16) -> PathBuf {
+    PathBuf::from(dir).join(format!(".s.PGSQL.{port}"))
+}
+
+/// The host used when none is configured: a default socket directory whose
+/// socket for `port` exists, else `localhost`.
+fn default_host(port: u16) -> String {
+    DEFAULT_SOCKET_DIRS
+        .iter()
+        .find(|d| socket_path(d, port).exists())
+        .map_or_else(|| "localhost".into(), |d| (*d).into())
 }
 
 impl FromStr for Config {
@@ -468,5 +524,43 @@ mod tests {
         let c = Config::parse("postgresql://u@h?sslnegotiation=direct&sslmode=require").unwrap();
         assert!(c.ssl_direct);
         assert_eq!(c.user, "u");
+    }
+
+    #[test]
+    fn unix_socket_hosts() {
+        let c = Config::parse("postgresql://%2Frun%2Fpg:6000/db").unwrap();
+        assert_eq!(c.host, "/run/pg");
+        assert_eq!(
+            c.unix_socket(),
+            Some(PathBuf::from("/run/pg/.s.PGSQL.6000"))
+        );
+        let c = Config::parse("postgresql:///db?host=/run/pg&port=6001").unwrap();
+        assert_eq!(
+            c.unix_socket(),
+            Some(PathBuf::from("/run/pg/.s.PGSQL.6001"))
+        );
+        assert!(Config::parse("host=@abstract").is_err());
+        assert!(Config::parse("host=a,b").is_err());
+    }
+
+    #[test]
+    fn pgpass_default_socket_dir_is_localhost() {
+        let dir = std::env::temp_dir().join(format!("pgwal-pgpass-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("pgpass");
+        std::fs::write(&file, "localhost:5432:*:u:local\n/sock:5432:*:u:bypath\n").unwrap();
+        let conf = |host: &str| {
+            let mut c = Config::parse(&format!("host={host} port=5432 user=u dbname=d")).unwrap();
+            c.passfile = Some(file.clone());
+            c.password = None;
+            c
+        };
+        assert_eq!(
+            conf("/var/run/postgresql").resolve_password().as_deref(),
+            Some("local")
+        );
+        assert_eq!(conf("/tmp/").resolve_password().as_deref(), Some("local"));
+        assert_eq!(conf("/sock").resolve_password().as_deref(), Some("bypath"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -3,7 +3,7 @@
 use bytes::BytesMut;
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::TlsConnector;
 
 use crate::config::{Config, SslMode};
@@ -21,9 +21,12 @@ pub(crate) struct Transport {
     pub(crate) tls_end_point: Option<Vec<u8>>,
 }
 
-async fn tcp(config: &Config) -> Result<TcpStream> {
-    let connect = TcpStream::connect((config.host.as_str(), config.port));
-    let s = match config.connect_timeout {
+/// Awaits `connect`, bounded by `connect_timeout` when one is set.
+async fn with_timeout<T>(
+    config: &Config,
+    connect: impl std::future::Future<Output = std::io::Result<T>>,
+) -> Result<T> {
+    Ok(match config.connect_timeout {
         Some(t) => tokio::time::timeout(t, connect).await.map_err(|_| {
             Error::Io(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
@@ -31,7 +34,15 @@ async fn tcp(config: &Config) -> Result<TcpStream> {
             ))
         })??,
         None => connect.await?,
-    };
+    })
+}
+
+async fn tcp(config: &Config) -> Result<TcpStream> {
+    let s = with_timeout(
+        config,
+        TcpStream::connect((config.host.as_str(), config.port)),
+    )
+    .await?;
     s.set_nodelay(true)?;
     Ok(s)
 }
@@ -59,8 +70,23 @@ async fn handshake(config: &Config, s: TcpStream) -> Result<Transport> {
     })
 }
 
-/// Connects and negotiates TLS.
+/// Connects and negotiates TLS (never over a Unix-domain socket, as libpq).
 pub(crate) async fn connect(config: &Config) -> Result<Transport> {
+    if let Some(path) = config.unix_socket() {
+        let s = with_timeout(config, UnixStream::connect(&path))
+            .await
+            .map_err(|e| match e {
+                Error::Io(io) => Error::Io(std::io::Error::new(
+                    io.kind(),
+                    format!("{}: {io}", path.display()),
+                )),
+                e => e,
+            })?;
+        return Ok(Transport {
+            io: Box::new(s),
+            tls_end_point: None,
+        });
+    }
     let mut s = tcp(config).await?;
     if config.ssl_mode == SslMode::Disable {
         return Ok(Transport {

@@ -84,6 +84,48 @@ fn auth_methods() {
 }
 
 #[test]
+fn unix_domain_socket() {
+    for (label, bin) in support::servers() {
+        let c = Cluster::start(label, &bin, Options::default());
+        block_on(async {
+            // Key/value with sslmode=require (ignored over a socket, as in
+            // libpq) and a URI with the directory percent-encoded.
+            let dir = c.dir.display().to_string();
+            let kv = format!("host={dir} port={} user=postgres dbname=postgres sslmode=require application_name=via_socket", c.port);
+            let uri = format!(
+                "postgresql://{}:{}/postgres?user=postgres",
+                dir.replace('/', "%2F"),
+                c.port
+            );
+            for conninfo in [kv, uri] {
+                let cfg: pgwal::Config = conninfo.parse().unwrap();
+                assert!(cfg.unix_socket().is_some(), "{conninfo}");
+                let mut client = ReplicationClient::connect(&cfg)
+                    .await
+                    .unwrap_or_else(|e| panic!("{label} {conninfo}: {e}"));
+                assert_eq!(client.identify_system().await.unwrap().timeline, 1);
+                let rows = client
+                    .simple_query("SELECT coalesce(client_addr::text, 'local'), ssl FROM pg_stat_activity JOIN pg_stat_ssl USING (pid) WHERE pid = pg_backend_pid()")
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    rows[0].get_index(0),
+                    Some("local"),
+                    "{label}: not over the socket"
+                );
+                assert_eq!(rows[0].get_index(1), Some("f"));
+            }
+            // A directory without the socket: a clear I/O error naming the path.
+            let cfg: pgwal::Config = format!("host={dir}/nowhere port={} user=postgres", c.port)
+                .parse()
+                .unwrap();
+            let e = ReplicationClient::connect(&cfg).await.unwrap_err();
+            assert!(e.to_string().contains("nowhere/.s.PGSQL."), "{e}");
+        });
+    }
+}
+
+#[test]
 fn replication_commands() {
     for (label, bin) in support::servers() {
         let c = Cluster::start(label, &bin, Options::default());

@@ -167,7 +167,7 @@ impl Cluster {
         // Our lines must come first: rewrite the file.
         std::fs::write(
             data.join("pg_hba.conf"),
-            format!("local all all trust\n{hba}"),
+            format!("local all all trust\nlocal replication all trust\n{hba}"),
         )
         .unwrap();
         let mut c = server_cmd(&bin.join("pg_ctl"));
