@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use pgwal::{AckMode, Config, Lsn, PhysicalConfig, PhysicalReceiver, Result};
+use pgwal::{AckMode, Config, Lsn, PhysicalConfig, PhysicalReceiver, Result, RetryConfig};
 
 /// When the status update acknowledges WAL.
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -26,7 +26,10 @@ named like pg_wal's. The segment being written is NAME.partial \
 (created full-size); a full segment is fsynced, renamed and the directory \
 fsynced. A restart resumes at the highest .partial segment or after the \
 highest complete one; a timeline switch is followed (NNNNNNNN.history is \
-fetched). SIGINT/SIGTERM: fsync, final status update, exit 0.
+fetched). SIGINT/SIGTERM: fsync, final status update, exit 0. A lost \
+connection (or a server that is shutting down or starting) is retried with \
+a growing wait (0.2 s doubling up to --max-retry-wait) and streaming resumes \
+at the start of the segment being written; --no-loop exits instead.
 
 Status updates (42-byte form: write, flush, apply=0/0, trailing receive):
   receive = end of WAL received into memory (every mode);
@@ -74,6 +77,17 @@ pub(crate) struct ReceiveArgs {
     /// Send the stock 34-byte status update (no trailing receive position).
     #[arg(long)]
     no_receive_pointer: bool,
+    /// Exit on the first connection failure instead of reconnecting.
+    #[arg(short = 'n', long)]
+    no_loop: bool,
+    /// Give up after this many consecutive failed reconnection attempts
+    /// (default: never give up, like pg_receivewal).
+    #[arg(long, conflicts_with = "no_loop")]
+    max_retries: Option<u32>,
+    /// Longest wait between reconnection attempts, in seconds (the wait
+    /// starts at 0.2 s and doubles).
+    #[arg(long, default_value_t = 10.0)]
+    max_retry_wait: f64,
 }
 
 fn parse_lsn(s: &str) -> std::result::Result<Lsn, String> {
@@ -103,7 +117,14 @@ pub(crate) async fn run(config: Config, a: ReceiveArgs) -> Result<()> {
             AckArg::Flush => AckMode::Flush,
         })
         .status_interval(Duration::from_secs_f64(a.status_interval.max(0.001)))
-        .receive_pointer(!a.no_receive_pointer);
+        .receive_pointer(!a.no_receive_pointer)
+        .retry(if a.no_loop {
+            RetryConfig::never()
+        } else {
+            RetryConfig::default()
+                .max_attempts(a.max_retries)
+                .max_backoff(Duration::from_secs_f64(a.max_retry_wait.max(0.001)))
+        });
     if let Some(slot) = a.slot {
         pc = pc.slot(slot).create_slot(a.create_slot);
     }

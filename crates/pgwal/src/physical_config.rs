@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use pgwal_protocol::Lsn;
 
+use crate::retry::RetryConfig;
 use crate::stage_hook::StageHook;
 
 /// Which positions the standby status update reports, and when.
@@ -60,6 +61,7 @@ pub struct PhysicalConfig {
     pub(crate) receive_pointer: bool,
     pub(crate) max_batch_bytes: usize,
     pub(crate) hook: Option<Arc<dyn StageHook>>,
+    pub(crate) retry: RetryConfig,
 }
 
 impl std::fmt::Debug for PhysicalConfig {
@@ -70,6 +72,7 @@ impl std::fmt::Debug for PhysicalConfig {
             .field("ack", &self.ack)
             .field("status_interval", &self.status_interval)
             .field("end_lsn", &self.end_lsn)
+            .field("retry", &self.retry)
             .finish_non_exhaustive()
     }
 }
@@ -89,7 +92,17 @@ impl PhysicalConfig {
             receive_pointer: true,
             max_batch_bytes: 4 << 20,
             hook: None,
+            retry: RetryConfig::never(),
         }
+    }
+
+    /// Reconnects after transient failures as `retry` says (default:
+    /// [`RetryConfig::never`], the first failure ends
+    /// [`run`](crate::PhysicalReceiver::run)); `pg_receivewal` retries
+    /// forever unless `--no-loop`.
+    pub fn retry(mut self, retry: RetryConfig) -> Self {
+        self.retry = retry;
+        self
     }
 
     /// Streams through this physical slot (its `restart_lsn` follows the

@@ -136,11 +136,54 @@ impl PhysicalReceiver {
     /// the end position is reached or an error occurs. On every return the
     /// open segment is fsynced and stays `.partial`; on a clean stop a final
     /// status update is sent.
+    ///
+    /// A transient failure (lost connection, server shutting down or not
+    /// yet accepting connections) is retried as `PhysicalConfig::retry`
+    /// allows (by default it is not): after the backoff the receiver
+    /// reconnects and resumes at the start of the segment it was writing,
+    /// on the same timeline (that segment's `.partial` file was fsynced when
+    /// the session failed). The attempt counter restarts after every
+    /// session that reached streaming.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<StopReason> {
         tokio::pin!(shutdown);
-        let pc = self.pc;
-        let dir = pc.dir.clone();
+        let dir = self.pc.dir.clone();
         blocking(move || wal_dir::check_writable(&dir)).await?;
+        let mut pc = self.pc.clone();
+        let mut failures = 0u32;
+        loop {
+            let updates = self.progress.status_updates();
+            let e = match self.session(pc.clone(), &mut shutdown).await {
+                Ok(why) => return Ok(why),
+                Err(e) => e,
+            };
+            if self.progress.status_updates() != updates {
+                failures = 0;
+            }
+            failures += 1;
+            if !(e.is_transient() && pc.retry.allows(failures)) {
+                return Err(e);
+            }
+            let backoff = pc.retry.backoff(failures);
+            tracing::warn!(error = %e, attempt = failures, ?backoff, "replication connection failed; reconnecting");
+            // Resume where this run got to, not from the directory's
+            // highest segment (it may hold unrelated later segments).
+            let written = self.progress.written();
+            if !written.is_invalid() {
+                pc.start = Some((written, self.progress.timeline()));
+            }
+            tokio::select! {
+                _ = shutdown.as_mut() => return Ok(StopReason::Shutdown),
+                _ = tokio::time::sleep(backoff) => {}
+            }
+        }
+    }
+
+    /// One connection: connect, find the start, stream until a stop or an error.
+    async fn session(
+        &self,
+        pc: PhysicalConfig,
+        shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+    ) -> Result<StopReason> {
         let mut client = ReplicationClient::connect_physical(&self.config).await?;
         let size = client.show("wal_segment_size").await?;
         let segs = parse_size(&size)
@@ -156,7 +199,7 @@ impl PhysicalReceiver {
         let mut r = Receiver {
             wal: Arc::new(Mutex::new(WalDir::new(pc.dir.clone(), segs))),
             pc,
-            progress: self.progress,
+            progress: self.progress.clone(),
             buf: BytesMut::new(),
             timeline: 0,
             expected: Lsn::INVALID,
@@ -204,7 +247,7 @@ impl PhysicalReceiver {
                 .await?
             {
                 Some(next) => next,
-                None => match r.stream(&mut client, start, &mut shutdown).await {
+                None => match r.stream(&mut client, start, shutdown).await {
                     Ok(SessionEnd::Stopped(why)) => return Ok(why),
                     Ok(SessionEnd::TimelineEnded(next)) => next,
                     Err(e) => {
@@ -415,6 +458,10 @@ impl Receiver {
             self.send_status(client).await?;
             replied = true;
         }
+        // In flush mode without a hook between write and fsync, one blocking
+        // call does both: a thread hand-off less per acknowledged batch.
+        let flush_now = self.pc.ack == AckMode::Flush && (caught_up || reached_end);
+        let fused = flush_now && self.pc.hook.is_none();
         if let Some(end) = end_of_batch {
             self.hook(Stage::BeforeWrite, end).await;
             let (timeline, chunks) = (self.timeline, std::mem::take(&mut b.chunks));
@@ -424,11 +471,16 @@ impl Receiver {
                     for (at, data) in &chunks {
                         completed = w.write(timeline, *at, data)?.or(completed);
                     }
+                    if fused {
+                        w.sync()?;
+                    }
                     Ok(completed)
                 })
                 .await?;
             self.written = self.written.max(end);
-            if let Some(c) = completed {
+            if fused {
+                self.flushed = self.written;
+            } else if let Some(c) = completed {
                 self.flushed = self.flushed.max(c);
             }
             self.publish();
@@ -437,7 +489,7 @@ impl Receiver {
             self.send_status(client).await?;
             replied = true;
         }
-        if self.pc.ack == AckMode::Flush && (caught_up || reached_end) {
+        if flush_now {
             self.sync(true).await?;
         }
         if !replied && wants(self) {

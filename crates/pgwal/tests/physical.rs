@@ -184,6 +184,58 @@ fn segments_are_byte_identical() {
     }
 }
 
+#[test]
+fn reconnects_after_the_walsender_is_terminated() {
+    for (label, bin) in support::servers() {
+        let c = Cluster::start(label, &bin, Options::default());
+        let dir = recv_dir(&c, "recv");
+        let retry = pgwal::RetryConfig::default()
+            .max_attempts(Some(50))
+            .initial_backoff(Duration::from_millis(50));
+        let r = Running::start(
+            recv_config(&c),
+            PhysicalConfig::new(&dir)
+                .slot("recv")
+                .create_slot(true)
+                .retry(retry)
+                .status_interval(Duration::from_millis(100)),
+        );
+        let walsender =
+            || c.query("SELECT coalesce((SELECT pid::text FROM pg_stat_replication), 'none')");
+        wait_until("streaming", || walsender() != "none");
+        for round in 0..3 {
+            let pid = walsender();
+            c.psql(&format!("CREATE TABLE r{round} AS SELECT g, repeat('y', 100) AS v FROM generate_series(1, 30000) g"));
+            // Kill the walsender mid-stream, then write more while it is gone.
+            c.query(&format!("SELECT pg_terminate_backend({pid})"));
+            c.psql(&format!("INSERT INTO r{round} SELECT g, 'z' FROM generate_series(1, 10000) g; SELECT pg_switch_wal();"));
+            wait_until("a new walsender", || {
+                !["none", pid.as_str()].contains(&walsender().as_str())
+            });
+            let end = lsn(&c, "SELECT pg_current_wal_flush_lsn()");
+            r.wait_flushed(end, label);
+        }
+        assert_eq!(r.stop().unwrap(), StopReason::Shutdown);
+        let n = compare_complete_segments(label, &dir, &c.dir.join("data/pg_wal"));
+        assert!(n >= 3, "{label}: only {n} complete segments");
+
+        // Without retries, the same failure ends run() with a transient error.
+        let r = Running::start(recv_config(&c), PhysicalConfig::new(&dir).slot("recv"));
+        wait_until("streaming", || walsender() != "none");
+        c.query(&format!("SELECT pg_terminate_backend({})", walsender()));
+        let t = Instant::now();
+        while !r.thread.as_ref().unwrap().is_finished() {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "{label}: receiver kept running"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let e = r.stop().unwrap_err();
+        assert!(e.is_transient(), "{label}: {e}");
+    }
+}
+
 /// Starts `psql -c "SET synchronous_commit = mode; INSERT ..."`.
 fn commit(c: &Cluster, mode: &str) -> Child {
     Command::new(c.bin.join("psql"))
