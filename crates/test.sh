@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tests of the pgwal crates: clippy, then unit, doc and integration tests.
+# Tests of the pgwal crates: rustfmt and clippy, then unit, doc and integration tests.
 # Integration tests start their own PostgreSQL clusters: stock 15 from
 # $PGWAL_PG15_BIN (default /usr/lib/postgresql/15/bin) and 18 from
 # $PGWAL_PG18_BIN (default <repo>/.build/install/check/bin, skipped with a
@@ -33,6 +33,9 @@ if [ ! -x "$pg18/postgres" ]; then
 fi
 
 packages=(-p pgwal-protocol -p pgwal -p pgwal-cli)
+if cargo fmt --version >/dev/null 2>&1; then
+	cargo fmt --all -- --check
+fi
 if cargo clippy --version >/dev/null 2>&1; then
 	cargo clippy "${packages[@]}" --all-targets -q -- -D warnings
 fi
