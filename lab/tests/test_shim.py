@@ -67,3 +67,33 @@ def test_shim_adds_pwrite_latency(fsync_dir):
           f"1 MiB with 4000 us/MiB {per_mb:.0f} us")
     assert 2000 <= fixed <= 2000 + base + TOLERANCE_US
     assert per_mb >= 4000
+
+
+WRITE_PROBE = """
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600)
+buf = b"x" * 8192
+t = time.perf_counter()
+for _ in range(20):
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.write(fd, buf)
+print((time.perf_counter() - t) / 20 * 1e6)
+"""
+
+
+def test_shim_delays_write_only_when_asked(fsync_dir):
+    """write(2) (what pg_receivewal uses) is delayed like pwrite only with
+    PGWAL_SHIM_WRITE=1, so servers' pipe and log writes stay free."""
+    import subprocess
+    import sys
+
+    def write_us(extra: dict) -> float:
+        env = dict(os.environ, **shim.env(pwrite_us=2000, match=str(fsync_dir)), **extra)
+        return float(subprocess.run([sys.executable, "-c", WRITE_PROBE, str(fsync_dir / "write_probe")],
+                                    env=env, capture_output=True, text=True, timeout=60, check=True).stdout)
+
+    off = write_us({})
+    on = write_us({"PGWAL_SHIM_WRITE": "1"})
+    print(f"\nwrite 8 KiB with pwrite +2000 us: PGWAL_SHIM_WRITE unset {off:.0f} us, =1 {on:.0f} us")
+    assert off < 1000
+    assert 2000 <= on <= 2000 + off + TOLERANCE_US

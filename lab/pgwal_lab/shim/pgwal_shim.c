@@ -11,6 +11,10 @@
  *   PGWAL_SHIM_PWRITE_US_PER_MB  extra microseconds per MiB written by pwrite/pwritev
  *   PGWAL_SHIM_MATCH             only delay fds whose /proc/self/fd/N target contains
  *                                this substring (e.g. "pg_wal"); empty = every fd
+ *   PGWAL_SHIM_WRITE             "1": treat write()/writev() like pwrite() (for
+ *                                programs such as pg_receivewal that write with
+ *                                write(2); off by default so that servers'
+ *                                pipe and log writes pay nothing)
  *
  * The delay is an absolute-deadline clock_nanosleep with the thread's timer
  * slack lowered to 1 ns, which keeps the overshoot small (tens of us).
@@ -27,7 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static long fsync_us, pwrite_us, pwrite_us_per_mb;
+static long fsync_us, pwrite_us, pwrite_us_per_mb, delay_write;
 static char match[256];
 static int (*real_fsync)(int);
 static int (*real_fdatasync)(int);
@@ -35,6 +39,8 @@ static ssize_t (*real_pwrite)(int, const void *, size_t, off_t);
 static ssize_t (*real_pwrite64)(int, const void *, size_t, off_t);
 static ssize_t (*real_pwritev)(int, const struct iovec *, int, off_t);
 static ssize_t (*real_pwritev64)(int, const struct iovec *, int, off_t);
+static ssize_t (*real_write)(int, const void *, size_t);
+static ssize_t (*real_writev)(int, const struct iovec *, int);
 
 static long env_long(const char *name)
 {
@@ -49,6 +55,7 @@ __attribute__((constructor)) static void shim_init(void)
 	fsync_us = env_long("PGWAL_SHIM_FSYNC_US");
 	pwrite_us = env_long("PGWAL_SHIM_PWRITE_US");
 	pwrite_us_per_mb = env_long("PGWAL_SHIM_PWRITE_US_PER_MB");
+	delay_write = env_long("PGWAL_SHIM_WRITE");
 	if (m)
 		snprintf(match, sizeof(match), "%s", m);
 	real_fsync = dlsym(RTLD_NEXT, "fsync");
@@ -56,6 +63,8 @@ __attribute__((constructor)) static void shim_init(void)
 	real_pwrite = dlsym(RTLD_NEXT, "pwrite");
 	real_pwrite64 = dlsym(RTLD_NEXT, "pwrite64");
 	real_pwritev = dlsym(RTLD_NEXT, "pwritev");
+	real_write = dlsym(RTLD_NEXT, "write");
+	real_writev = dlsym(RTLD_NEXT, "writev");
 	real_pwritev64 = dlsym(RTLD_NEXT, "pwritev64");
 	if (fsync_us > 0 || pwrite_us > 0 || pwrite_us_per_mb > 0)
 		prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
@@ -153,5 +162,31 @@ ssize_t pwritev64(int fd, const struct iovec *iov, int iovcnt, off_t offset)
 	ssize_t r = (real_pwritev64 ? real_pwritev64 : real_pwritev)(fd, iov, iovcnt, offset);
 
 	after_write(fd, r);
+	return r;
+}
+
+ssize_t write(int fd, const void *buf, size_t count)
+{
+	ssize_t r;
+
+	if (!real_write)			/* called before the constructor ran */
+		real_write = dlsym(RTLD_NEXT, "write");
+	r = real_write(fd, buf, count);
+
+	if (delay_write)
+		after_write(fd, r);
+	return r;
+}
+
+ssize_t writev(int fd, const struct iovec *iov, int iovcnt)
+{
+	ssize_t r;
+
+	if (!real_writev)
+		real_writev = dlsym(RTLD_NEXT, "writev");
+	r = real_writev(fd, iov, iovcnt);
+
+	if (delay_write)
+		after_write(fd, r);
 	return r;
 }
