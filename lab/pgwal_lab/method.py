@@ -83,35 +83,33 @@ def apply_env(cluster, env: dict) -> None:
         if "net" in env and s.net_profile.name != env["net"]:
             s.set_net(env["net"])
         # standby_settings: reloadable settings of every standby (ALTER SYSTEM)
-        for k, v in (env.get("standby_settings") or {}).items():
-            if str(s.scalar(f"SHOW {k}")) != str(v):
-                with s.connect() as c:
-                    c.execute(f"ALTER SYSTEM SET {k} = '{v}'")
-                    c.execute("SELECT pg_reload_conf()")
-                deadline = time.monotonic() + 10
-                while str(s.scalar(f"SHOW {k}")) != str(v):
-                    if time.monotonic() > deadline:
-                        raise LabError(f"standby setting {k}={v} not applied")
-                    time.sleep(0.05)
+        set_reloadable(s, env.get("standby_settings") or {})
     cluster.wait_streaming()
 
 
-def apply_settings(cluster, settings: dict, timeout: float = 10) -> None:
+def set_reloadable(node, settings: dict, timeout: float = 10) -> None:
+    """ALTER SYSTEM + reload on one node, then wait until SHOW reports every
+    new value (a reload reaches backends asynchronously)."""
+    settings = {k: v for k, v in settings.items() if str(node.scalar(f"SHOW {k}")) != str(v)}
     if not settings:
         return
-    with cluster.primary.connect() as c:
+    with node.connect() as c:
         for k, v in settings.items():
             c.execute(f"ALTER SYSTEM SET {k} = '{v}'")
         c.execute("SELECT pg_reload_conf()")
     deadline = time.monotonic() + timeout
     for k, v in settings.items():
         while True:
-            cur = cluster.primary.scalar(f"SHOW {k}")
+            cur = node.scalar(f"SHOW {k}")
             if str(cur) == str(v):
                 break
             if time.monotonic() > deadline:
-                raise LabError(f"setting {k}={v} not applied (still {cur})")
+                raise LabError(f"setting {k}={v} not applied on {node.name} (still {cur})")
             time.sleep(0.05)
+
+
+def apply_settings(cluster, settings: dict, timeout: float = 10) -> None:
+    set_reloadable(cluster.primary, settings, timeout)
 
 
 def quiesce(cluster, conf: MethodConf) -> float:

@@ -39,6 +39,19 @@ class Context:
         if self.deadline and time.monotonic() > self.deadline:
             raise LabError(f"time limit reached before {what}")
 
+    def run_variants(self, cluster, scenario: str, variants: list, conf: MethodConf, workload, topology: str,
+                     params: dict) -> list[dict]:
+        """The common end of a scenario: announce the run count, load the
+        workload's data, then run the variants' groups interleaved."""
+        from ..method import run_groups
+        if self.set_total:
+            self.set_total(len(variants) * conf.iterations, conf)
+        workload.init(cluster.primary, self.bin_dir)
+        common = dict(self.common, server_version=cluster.server_version(), topology=topology,
+                      namespaces=cluster.use_ns, params=params)
+        return run_groups(cluster, variants, conf, self.store, scenario, self.run_id, common, self.progress,
+                          self.deadline)
+
 
 def as_list(v) -> list:
     """A parameter that may come as a list, a comma string or a scalar."""

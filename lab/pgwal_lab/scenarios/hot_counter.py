@@ -15,7 +15,7 @@ run in groups with readers."""
 from __future__ import annotations
 
 from .. import topology
-from ..method import Variant, run_groups
+from ..method import Variant
 from ..util import LabError
 from ..workloads import Workload, counter_reader, hot_counter
 from . import Context, as_list, method_conf, sync_levels
@@ -98,13 +98,8 @@ def run_matrix(ctx: Context, params: dict, name: str, wl: Workload, reader_wl: W
     with topology.Cluster(spec) as cluster:
         levels = resolve_levels(params, cluster)
         variants = matrix_variants(levels, fs, as_list(params["clients"]), readers, wl, reader_wl)
-        if ctx.set_total:
-            ctx.set_total(len(variants) * conf.iterations, conf)
         ctx.log(f"{name}: levels {levels}, fsync {fs} ms, clients {params['clients']}, readers {readers}")
-        wl.init(cluster.primary, ctx.bin_dir)
-        common = dict(ctx.common, server_version=cluster.server_version(), topology="primary alone",
-                      namespaces=cluster.use_ns, params=params)
-        return run_groups(cluster, variants, conf, ctx.store, name, ctx.run_id, common, ctx.progress, ctx.deadline)
+        return ctx.run_variants(cluster, name, variants, conf, wl, "primary alone", params)
 
 
 def run(ctx: Context, params: dict) -> list[dict]:

@@ -5,7 +5,7 @@ read back from disk (pg_stat_io, PostgreSQL 18+)."""
 from __future__ import annotations
 
 from .. import topology
-from ..method import Variant, run_groups
+from ..method import Variant
 from ..workloads import large_txn
 from . import Context, as_list, method_conf
 
@@ -25,9 +25,4 @@ def run(ctx: Context, params: dict) -> list[dict]:
         variants = [Variant(lvl, f"{params['net']}, {params['clients']} clients", wl, int(params["clients"]),
                             {"synchronous_commit": lvl}, {"net": params["net"]}, {"level": lvl})
                     for lvl in as_list(params["levels"])]
-        if ctx.set_total:
-            ctx.set_total(len(variants) * conf.iterations, conf)
-        wl.init(cluster.primary, ctx.bin_dir)
-        common = dict(ctx.common, server_version=cluster.server_version(), topology="primary + 1 sync standby",
-                      namespaces=cluster.use_ns, params=params)
-        return run_groups(cluster, variants, conf, ctx.store, NAME, ctx.run_id, common, ctx.progress, ctx.deadline)
+        return ctx.run_variants(cluster, NAME, variants, conf, wl, "primary + 1 sync standby", params)

@@ -13,7 +13,7 @@ Levels are discovered from pg_settings, so a patched server's new levels
 from __future__ import annotations
 
 from .. import topology
-from ..method import Variant, run_groups
+from ..method import Variant
 from ..util import LabError
 from ..workloads import WORKLOADS, tpcb
 from . import Context, as_list, method_conf, sync_levels
@@ -75,17 +75,14 @@ def run(ctx: Context, params: dict) -> list[dict]:
             return {**known[prof], "standby_settings": {"wal_receiver_flush_worker": fw}} if has_fw else known[prof]
 
         def vname(prof, lvl, fw):
-            name = lvl + ("+fw" if fw == "on" else "")
+            name = lvl + ("+fw" if fw == "on" and lvl not in LOCAL_LEVELS else "")
             return f"{prof}/{name}" if one_group else name
+        # A level that does not wait for the standby runs once, whatever
+        # flush_worker lists (the standby's flush path does not affect it).
         variants = [Variant(vname(prof, lvl, fw), "all profiles" if one_group else prof, wl, int(params["clients"]),
                             {"synchronous_commit": lvl}, env(prof, fw),
                             {"level": lvl, "profile": prof, "flush_worker": fw})
                     for prof in profiles for lvl in levels for fw in fws
-                    if fw == "off" or lvl not in LOCAL_LEVELS]
-        if ctx.set_total:
-            ctx.set_total(len(variants) * conf.iterations, conf)
+                    if fw == fws[0] or lvl not in LOCAL_LEVELS]
         ctx.log(f"{NAME}: levels {levels}, profiles {profiles}, server {cluster.server_version()}")
-        wl.init(cluster.primary, ctx.bin_dir)
-        common = dict(ctx.common, server_version=cluster.server_version(), topology="primary + 1 sync standby",
-                      namespaces=cluster.use_ns, params=params)
-        return run_groups(cluster, variants, conf, ctx.store, NAME, ctx.run_id, common, ctx.progress, ctx.deadline)
+        return ctx.run_variants(cluster, NAME, variants, conf, wl, "primary + 1 sync standby", params)
