@@ -7,7 +7,9 @@
 #
 # pgwal_v1_coalesce turns on StreamConfig::read_coalesce (1 ms).
 # Each consumer runs ROUNDS times (default 3), interleaved; medians are printed
-# with the spread (min-max) of inserts/s and client CPU per insert.
+# with the spread (min-max) of inserts/s and client CPU per insert, then the
+# first consumer's ratio to each other one (median ratio, bootstrap 95% CI,
+# Mann-Whitney p) for inserts/s, client CPU and walsender CPU per insert.
 #
 # Peer comparison: walstream_v1 / walstream_v4 are pg_walstream 0.10 with
 # its libpq backend, walstream_rustls_v1 / walstream_rustls_v4 with its
@@ -28,7 +30,6 @@ repo=$(cd "$(dirname "$0")/../../.." && pwd)
 txns=${1:-50}
 rows=${2:-8000}
 bin=${PGWAL_BENCH_BIN:-${PGWAL_PG18_BIN:-$repo/.build/install/check/bin}}
-asuser="$repo/tools/as-user"
 cd "$repo/crates"
 cargo build -q --release -p pgwal --example drain --example latency
 cargo build -q --release -p pgwal-cli
@@ -49,27 +50,12 @@ case " ${consumers[*]} " in
 	cargo build -q --release --no-default-features --features rustls --target-dir target/rustls) ;;
 esac
 
-dir=$(mktemp -d "${BENCH_TMP:-/tmp}/pgwal-bench-XXXXXX")
-chmod 755 "$dir"
-[ "$(id -u)" = 0 ] && chown "$("$asuser" --ensure)" "$dir"
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-"$asuser" "$bin/initdb" -U postgres --auth=trust --no-sync -D "$dir/data" >/dev/null
-cat >>"$dir/data/postgresql.conf" <<CONF
-listen_addresses = '127.0.0.1'
-port = $port
-unix_socket_directories = '$dir'
-wal_level = logical
-max_replication_slots = 40
-max_wal_senders = 10
-fsync = off
-synchronous_commit = off
-shared_buffers = 256MB
-max_wal_size = 4GB
-CONF
-"$asuser" "$bin/pg_ctl" -w -D "$dir/data" -l "$dir/log" start >/dev/null
-trap '"$asuser" "$bin/pg_ctl" -m immediate -D "$dir/data" stop >/dev/null 2>&1; rm -rf "$dir"' EXIT
-psql() { "$bin/psql" -X -q -At -h 127.0.0.1 -p "$port" -U postgres -d postgres "$@"; }
-conn="host=127.0.0.1 port=$port user=postgres dbname=postgres sslmode=disable"
+# shellcheck source=cluster.sh
+. "$repo/crates/pgwal/benches/cluster.sh"
+trap bench_cluster_stop EXIT
+bench_cluster_start "${BENCH_TMP:-/tmp}" "$bin" \
+	"wal_level = logical" "max_replication_slots = 40" "max_wal_senders = 10" "fsync = off" \
+	"synchronous_commit = off" "shared_buffers = 256MB" "max_wal_size = 4GB"
 
 psql -c "CREATE TABLE bench (id bigint, pad text)" -c "CREATE PUBLICATION p FOR TABLE bench"
 rounds=${ROUNDS:-3}
@@ -102,13 +88,16 @@ for c in "${consumers[@]}"; do
 	start=$(date +%s.%N)
 	/usr/bin/time -f '%U %S %M %w %e' -o "$dir/time" "${cmd[@]}" >/dev/null 2>"$dir/err" &
 	pid=$!
+	# Walsender CPU: find its pid once (psql costs CPU on this box), then
+	# sample /proc/PID/stat without forking until the client exits.
 	ws=0
+	wp=
 	while kill -0 $pid 2>/dev/null; do
-		wp=$(psql -c "SELECT active_pid FROM pg_replication_slots WHERE slot_name = '$slot'" 2>/dev/null || true)
-		if [ -n "$wp" ] && [ -r /proc/$wp/stat ]; then
-			ws=$(awk '{print $14 + $15}' /proc/$wp/stat 2>/dev/null || echo "$ws")
+		[ -n "$wp" ] || wp=$(psql -c "SELECT active_pid FROM pg_replication_slots WHERE slot_name = '$slot'" 2>/dev/null || true)
+		if [ -n "$wp" ] && read -r -a st 2>/dev/null </proc/"$wp"/stat; then
+			ws=$((st[13] + st[14]))
 		fi
-		sleep 0.1
+		sleep 0.02
 	done
 	wait $pid || { cat "$dir/err" >&2; exit 1; }
 	# The drain consumers report their counts: all inserts must have arrived.
@@ -121,7 +110,10 @@ for c in "${consumers[@]}"; do
 	echo "$c $start $end $u $s $m $ws $w $e" >>"$dir/results"
 done
 done
-python3 - "$dir/results" "$total" <<'PY'
+# the lab's statistics need numpy/scipy: its virtualenv (lab/setup.sh) if present
+labpy=$repo/lab/.venv/bin/python3
+[ -x "$labpy" ] || labpy=python3
+"$labpy" - "$dir/results" "$total" "$repo/lab" <<'PY'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 total = int(sys.argv[2])
@@ -141,6 +133,24 @@ for c in dict.fromkeys(r[0] for r in rows):
     wk = med(lambda r: int(r[7]) * 1e3 / total)
     (r0, r1), (c0, c1) = span(rate), span(cpu_of)
     print(f"{c:<20} {wall:8.2f} {total / wall:10.0f} {f'{r0 / 1e3:.0f}k-{r1 / 1e3:.0f}k':>15} {cpu:14.2f} {f'{c0:.2f}-{c1:.2f}':>11} {rss:10.1f} {ws:16.2f} {wk:17.1f}")
+# Ratios against the first consumer: bootstrap 95% CI of the ratio of
+# medians and Mann-Whitney p (the lab's statistics).
+sys.path.insert(0, sys.argv[3])
+from pgwal_lab.stats import compare
+names = list(dict.fromkeys(r[0] for r in rows))
+metrics = {
+    "inserts/s": lambda r: total / float(r[8]),
+    "client CPU/insert": lambda r: (float(r[3]) + float(r[4])) / total,
+    "walsender CPU/insert": lambda r: int(r[6]) / total,
+}
+base = names[0]
+for other in names[1:]:
+    for m, f in metrics.items():
+        a = [f(r) for r in rows if r[0] == base]
+        b = [f(r) for r in rows if r[0] == other]
+        c = compare(b, a, name_a=other, name_b=base)
+        if c["ratio"] is not None:
+            print(f"  {base} / {other}, {m}: {c['ratio']:.3f} (95% CI {c['ci_low']:.3f}-{c['ci_high']:.3f}, p {c['p']:.3g}) {c['verdict']}")
 PY
 cp "$dir/results" "${RESULTS_OUT:-/dev/null}"
 [ "${LAT_COUNT:-2000}" = 0 ] && exit 0

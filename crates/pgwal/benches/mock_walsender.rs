@@ -20,6 +20,10 @@ use pgwal::protocol::pgoutput::*;
 use pgwal::protocol::replication::{BackendReplicationMessage, XLogData};
 use pgwal::protocol::{Lsn, PgTimestamp};
 
+#[path = "../tests/fake_walsender/mod.rs"]
+mod fake_walsender;
+use fake_walsender::{msg, read_msg, rows};
+
 struct Counting;
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
 
@@ -113,45 +117,6 @@ fn workload(events: usize) -> Vec<Bytes> {
     out
 }
 
-fn msg(buf: &mut BytesMut, tag: u8, body: &[u8]) {
-    buf.put_u8(tag);
-    buf.put_i32(body.len() as i32 + 4);
-    buf.put_slice(body);
-}
-
-fn read_msg(s: &mut std::net::TcpStream, startup: bool) -> Option<(u8, Vec<u8>)> {
-    let mut tag = [0u8; 1];
-    if !startup {
-        s.read_exact(&mut tag).ok()?;
-    }
-    let mut len = [0u8; 4];
-    s.read_exact(&mut len).ok()?;
-    let mut body = vec![0; i32::from_be_bytes(len) as usize - 4];
-    s.read_exact(&mut body).ok()?;
-    Some((tag[0], body))
-}
-
-fn row_response(buf: &mut BytesMut, col: &str, val: &str) {
-    let mut d = BytesMut::new();
-    d.put_i16(1);
-    d.put_slice(col.as_bytes());
-    d.put_u8(0);
-    d.put_u32(0);
-    d.put_i16(0);
-    d.put_u32(25);
-    d.put_i16(-1);
-    d.put_i32(-1);
-    d.put_i16(0);
-    msg(buf, b'T', &d);
-    let mut r = BytesMut::new();
-    r.put_i16(1);
-    r.put_i32(val.len() as i32);
-    r.put_slice(val.as_bytes());
-    msg(buf, b'D', &r);
-    msg(buf, b'C', b"SELECT 1\0");
-    msg(buf, b'Z', b"I");
-}
-
 /// Serves one replication connection, then streams `wire` and a final keepalive.
 fn serve(listener: TcpListener, wire: Vec<u8>) {
     let (mut s, _) = listener.accept().unwrap();
@@ -196,7 +161,7 @@ fn serve(listener: TcpListener, wire: Vec<u8>) {
             std::thread::sleep(std::time::Duration::from_secs(3600));
             return;
         }
-        row_response(&mut out, "confirmed_flush_lsn", "0/0");
+        rows(&mut out, &["confirmed_flush_lsn"], &[Some("0/0")]);
         s.write_all(&out).unwrap();
     }
 }

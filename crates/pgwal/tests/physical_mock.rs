@@ -1,62 +1,17 @@
 //! `PhysicalReceiver` against a scripted walsender: malformed input ends in
 //! a typed error and leaves the directory valid.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Write;
+use std::net::TcpListener;
 use std::path::PathBuf;
 
-use bytes::{BufMut, BytesMut};
+use bytes::BytesMut;
 use pgwal::protocol::replication::{BackendReplicationMessage, XLogData};
 use pgwal::protocol::PgTimestamp;
 use pgwal::{Error, Lsn, PhysicalConfig, PhysicalReceiver};
 
-fn msg(out: &mut BytesMut, tag: u8, body: &[u8]) {
-    out.put_u8(tag);
-    out.put_i32(body.len() as i32 + 4);
-    out.put_slice(body);
-}
-
-fn rows(out: &mut BytesMut, cols: &[&str], vals: &[Option<&str>]) {
-    let mut d = BytesMut::new();
-    d.put_i16(cols.len() as i16);
-    for c in cols {
-        d.put_slice(c.as_bytes());
-        d.put_u8(0);
-        d.put_u32(0);
-        d.put_i16(0);
-        d.put_u32(25);
-        d.put_i16(-1);
-        d.put_i32(-1);
-        d.put_i16(0);
-    }
-    msg(out, b'T', &d);
-    let mut r = BytesMut::new();
-    r.put_i16(vals.len() as i16);
-    for v in vals {
-        match v {
-            Some(v) => {
-                r.put_i32(v.len() as i32);
-                r.put_slice(v.as_bytes());
-            }
-            None => r.put_i32(-1),
-        }
-    }
-    msg(out, b'D', &r);
-    msg(out, b'C', b"SELECT 1\0");
-    msg(out, b'Z', b"I");
-}
-
-fn read_msg(s: &mut TcpStream, startup: bool) -> Option<(u8, Vec<u8>)> {
-    let mut tag = [0u8; 1];
-    if !startup {
-        s.read_exact(&mut tag).ok()?;
-    }
-    let mut len = [0u8; 4];
-    s.read_exact(&mut len).ok()?;
-    let mut body = vec![0; i32::from_be_bytes(len) as usize - 4];
-    s.read_exact(&mut body).ok()?;
-    Some((tag[0], body))
-}
+mod fake_walsender;
+use fake_walsender::{msg, read_msg, rows};
 
 /// Serves one connection: 1 MB segments, timeline 1 at 0/100000, then the
 /// CopyData `bodies` after START_REPLICATION.
