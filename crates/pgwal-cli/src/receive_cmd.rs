@@ -18,6 +18,17 @@ pub(crate) enum AckArg {
     Flush,
 }
 
+/// Which thread writes and fsyncs WAL files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum FileIoArg {
+    /// The receiver's own thread (it has the runtime to itself), like
+    /// pg_receivewal: no thread hand-off before an acknowledgement.
+    Inline,
+    /// tokio's blocking pool: the receiver's thread never blocks on the
+    /// disk, at the cost of two thread hand-offs per batch.
+    Pool,
+}
+
 pub(crate) const ABOUT: &str = "Stream physical WAL into segment files (like pg_receivewal), acknowledging on receipt, write or fsync";
 
 pub(crate) const LONG_ABOUT: &str = "\
@@ -88,6 +99,9 @@ pub(crate) struct ReceiveArgs {
     /// starts at 0.2 s and doubles).
     #[arg(long, default_value_t = 10.0)]
     max_retry_wait: f64,
+    /// Which thread writes and fsyncs WAL files.
+    #[arg(long, value_enum, default_value = "inline")]
+    file_io: FileIoArg,
 }
 
 fn parse_lsn(s: &str) -> std::result::Result<Lsn, String> {
@@ -118,6 +132,7 @@ pub(crate) async fn run(config: Config, a: ReceiveArgs) -> Result<()> {
         })
         .status_interval(Duration::from_secs_f64(a.status_interval.max(0.001)))
         .receive_pointer(!a.no_receive_pointer)
+        .inline_io(a.file_io == FileIoArg::Inline)
         .retry(if a.no_loop {
             RetryConfig::never()
         } else {

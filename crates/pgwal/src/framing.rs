@@ -24,6 +24,9 @@ pub(crate) struct FrameReader<R> {
     buf: BytesMut,
     last_read_len: usize,
     last_read_at: Option<std::time::Instant>,
+    /// A read error met by [`more_ready`](Self::more_ready), reported by the
+    /// next [`read`](Self::read).
+    deferred: Option<std::io::Error>,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
@@ -33,6 +36,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             buf: BytesMut::with_capacity(64 * 1024),
             last_read_len: 0,
             last_read_at: None,
+            deferred: None,
         }
     }
 
@@ -87,11 +91,45 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 .is_some_and(|t| t.elapsed() < std::time::Duration::from_millis(10))
     }
 
+    /// Whether a whole message is buffered after taking in whatever the
+    /// socket has now, without waiting (one poll with a no-op waker; the
+    /// next [`read`](Self::read) registers its own). End of stream or an
+    /// error is left for that `read` to report.
+    pub(crate) fn more_ready(&mut self) -> bool {
+        if self.has_frame() {
+            return true;
+        }
+        if self.deferred.is_some() {
+            return false;
+        }
+        if self.buf.capacity() - self.buf.len() < 8192 {
+            self.buf.reserve(64 * 1024);
+        }
+        match futures_util::FutureExt::now_or_never(self.io.read_buf(&mut self.buf)) {
+            None => {}
+            Some(Ok(0)) => {
+                self.deferred = Some(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "server closed the connection",
+                ))
+            }
+            Some(Ok(n)) => {
+                self.last_read_len = n;
+                self.last_read_at = Some(std::time::Instant::now());
+            }
+            Some(Err(e)) => self.deferred = Some(e),
+        }
+        self.has_frame()
+    }
+
     /// The next message. Cancel-safe.
     pub(crate) async fn read(&mut self) -> Result<Backend> {
         loop {
             if let Some(m) = self.try_next()? {
                 return Ok(m);
+            }
+            if let Some(e) = self.deferred.take() {
+                return Err(Error::Io(e));
             }
             if self.buf.capacity() - self.buf.len() < 8192 {
                 self.buf.reserve(64 * 1024);

@@ -62,6 +62,7 @@ pub struct PhysicalConfig {
     pub(crate) max_batch_bytes: usize,
     pub(crate) hook: Option<Arc<dyn StageHook>>,
     pub(crate) retry: RetryConfig,
+    pub(crate) inline_io: bool,
 }
 
 impl std::fmt::Debug for PhysicalConfig {
@@ -73,6 +74,7 @@ impl std::fmt::Debug for PhysicalConfig {
             .field("status_interval", &self.status_interval)
             .field("end_lsn", &self.end_lsn)
             .field("retry", &self.retry)
+            .field("inline_io", &self.inline_io)
             .finish_non_exhaustive()
     }
 }
@@ -93,6 +95,7 @@ impl PhysicalConfig {
             max_batch_bytes: 4 << 20,
             hook: None,
             retry: RetryConfig::never(),
+            inline_io: false,
         }
     }
 
@@ -155,6 +158,20 @@ impl PhysicalConfig {
     /// batch; default 4 MB).
     pub fn max_batch_bytes(mut self, n: usize) -> Self {
         self.max_batch_bytes = n.max(1);
+        self
+    }
+
+    /// Writes and fsyncs on the receiver's own task instead of tokio's
+    /// blocking pool (default `false`).
+    ///
+    /// The pool costs two thread hand-offs per batch, and on a busy machine
+    /// each may wait for a CPU; a synchronous standby's commits wait for
+    /// them. Inline, a batch's `pwrite` and `fdatasync` block the runtime
+    /// thread instead, so use it only when the receiver has its runtime (or
+    /// its worker thread) to itself — the `pgwal receive` CLI does. With a
+    /// stage hook set the I/O still goes through the pool.
+    pub fn inline_io(mut self, inline: bool) -> Self {
+        self.inline_io = inline;
         self
     }
 

@@ -304,6 +304,10 @@ impl Receiver {
         f: impl FnOnce(&mut WalDir) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         let wal = self.wal.clone();
+        if self.pc.inline_io && self.pc.hook.is_none() {
+            // Documented on PhysicalConfig::inline_io: blocks this thread.
+            return f(&mut wal.lock().unwrap_or_else(|e| e.into_inner()));
+        }
         blocking(move || f(&mut wal.lock().unwrap_or_else(|e| e.into_inner()))).await
     }
 
@@ -458,10 +462,6 @@ impl Receiver {
             self.send_status(client).await?;
             replied = true;
         }
-        // In flush mode without a hook between write and fsync, one blocking
-        // call does both: a thread hand-off less per acknowledged batch.
-        let flush_now = self.pc.ack == AckMode::Flush && (caught_up || reached_end);
-        let fused = flush_now && self.pc.hook.is_none();
         if let Some(end) = end_of_batch {
             self.hook(Stage::BeforeWrite, end).await;
             let (timeline, chunks) = (self.timeline, std::mem::take(&mut b.chunks));
@@ -471,16 +471,11 @@ impl Receiver {
                     for (at, data) in &chunks {
                         completed = w.write(timeline, *at, data)?.or(completed);
                     }
-                    if fused {
-                        w.sync()?;
-                    }
                     Ok(completed)
                 })
                 .await?;
             self.written = self.written.max(end);
-            if fused {
-                self.flushed = self.written;
-            } else if let Some(c) = completed {
+            if let Some(c) = completed {
                 self.flushed = self.flushed.max(c);
             }
             self.publish();
@@ -489,10 +484,16 @@ impl Receiver {
             self.send_status(client).await?;
             replied = true;
         }
-        if flush_now {
+        // Flush mode fsyncs when caught up, but WAL that arrived while this
+        // batch was being written is written first and shares the fsync
+        // (as pg_receivewal --synchronous does): on a disk with slow writes
+        // an fsync per read would cap throughput at one read per fsync.
+        let flush_mode = self.pc.ack == AckMode::Flush;
+        let more = flush_mode && caught_up && !reached_end && client.reader.more_ready();
+        if flush_mode && (reached_end || (caught_up && !more)) {
             self.sync(true).await?;
         }
-        if !replied && wants(self) {
+        if !replied && (reply_requested || (!more && wants(self))) {
             self.send_status(client).await?;
         }
         Ok(reached_end)
