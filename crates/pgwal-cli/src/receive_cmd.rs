@@ -21,6 +21,9 @@ pub(crate) enum AckArg {
 /// Which thread writes and fsyncs WAL files.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(crate) enum FileIoArg {
+    /// `inline` with --ack receive or write, `pool` with --ack flush: the
+    /// faster of the two in each mode on a slow-write disk (crates/README.md).
+    Auto,
     /// The receiver's own thread (it has the runtime to itself), like
     /// pg_receivewal: no thread hand-off before an acknowledgement.
     Inline,
@@ -100,7 +103,7 @@ pub(crate) struct ReceiveArgs {
     #[arg(long, default_value_t = 10.0)]
     max_retry_wait: f64,
     /// Which thread writes and fsyncs WAL files.
-    #[arg(long, value_enum, default_value = "inline")]
+    #[arg(long, value_enum, default_value = "auto")]
     file_io: FileIoArg,
 }
 
@@ -132,7 +135,11 @@ pub(crate) async fn run(config: Config, a: ReceiveArgs) -> Result<()> {
         })
         .status_interval(Duration::from_secs_f64(a.status_interval.max(0.001)))
         .receive_pointer(!a.no_receive_pointer)
-        .inline_io(a.file_io == FileIoArg::Inline)
+        .inline_io(match a.file_io {
+            FileIoArg::Inline => true,
+            FileIoArg::Pool => false,
+            FileIoArg::Auto => !matches!(a.ack, AckArg::Flush),
+        })
         .retry(if a.no_loop {
             RetryConfig::never()
         } else {

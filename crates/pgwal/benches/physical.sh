@@ -27,8 +27,9 @@
 #              (default 300) after every write/pwrite to a file under that
 #              mount -- the lab's `slow-write` standby disk. pg_receivewal
 #              writes with write(2), pgwal with pwrite(2); the shim delays both.
-# A variant name ending in _pool runs pgwal with --file-io pool (writes and
-# fsyncs on tokio's blocking pool) instead of the default inline I/O; choose
+# pgwal runs with its default --file-io auto (inline file I/O for --ack
+# receive/write, tokio's blocking pool for --ack flush); a variant name
+# ending in _pool or _inline forces --file-io pool or inline. Choose
 # variants with THROUGHPUT_VARIANTS / TPS_VARIANTS, e.g.
 #   TPS_VARIANTS="pgwal_flush pgwal_flush_pool pg_receivewal_sync".
 # Every pair is compared with the lab's statistics (ratio of medians with a
@@ -139,14 +140,16 @@ if [ -z "${SKIP_THROUGHPUT:-}" ]; then
 	declare -A rate cpu
 	for r in $(seq 0 "$rounds"); do # round 0 warms up and is not recorded
 		for v in "${variants[@]}"; do
-			io=(--file-io inline)
+			io=()
 			[ "$v" = "${v%_pool}" ] || io=(--file-io pool)
+			[ "$v" = "${v%_inline}" ] || io=(--file-io inline)
 			d=$recv_root/recv-$v
 			rm -rf "$d"
 			mkdir -p "$d"
 			cp "$dir/data/pg_wal/$prev" "$d/"
 			sync -f "$d"
-			case ${v%_pool} in
+			base=${v%_pool}
+			case ${base%_inline} in
 			pgwal_write) cmd=("$cli" -d "$conn application_name=$v" receive -D "$d" -n "${io[@]}" --ack write -E "$end") ;;
 			pgwal_flush) cmd=("$cli" -d "$conn application_name=$v" receive -D "$d" -n "${io[@]}" --ack flush -E "$end") ;;
 			pg_receivewal) cmd=("$bin/pg_receivewal" -d "$conn application_name=$v" -D "$d" -n -E "$end") ;;
@@ -192,14 +195,16 @@ if [ -z "${SKIP_TPS:-}" ]; then
 	}
 	for r in $(seq 1 "$rounds"); do
 		for v in "${variants[@]}"; do
-			io=(--file-io inline)
+			io=()
 			[ "$v" = "${v%_pool}" ] || io=(--file-io pool)
+			[ "$v" = "${v%_inline}" ] || io=(--file-io inline)
 			d=$recv_root/sync-$v
 			rm -rf "$d"
 			mkdir -p "$d"
 			level=on
 			rpid=
-			case ${v%_pool} in
+			base=${v%_pool}
+			case ${base%_inline} in
 			local) level=local ;;
 			pgwal_receive) level=remote_write; "${recv_env[@]}" "$cli" -d "$conn application_name=bench_sync" receive -D "$d" -n "${io[@]}" --ack receive 2>"$dir/rlog" & rpid=$! ;;
 			pgwal_write) level=remote_write; "${recv_env[@]}" "$cli" -d "$conn application_name=bench_sync" receive -D "$d" -n "${io[@]}" --ack write 2>"$dir/rlog" & rpid=$! ;;
@@ -242,7 +247,8 @@ if [ -z "${SKIP_TPS:-}" ]; then
 	echo "commit TPS, pgbench -N, $clients clients, ${secs}s, $rounds interleaved rounds"
 	printf '%-44s %10s %10s %10s\n' "variant (synchronous_commit)" median min max
 	for v in "${variants[@]}"; do
-		case ${v%_pool} in
+		base=${v%_pool}
+		case ${base%_inline} in
 		local) label="no standby wait (local)" ;;
 		pgwal_receive) label="pgwal --ack receive (remote_write)" ;;
 		pgwal_write) label="pgwal --ack write (remote_write)" ;;
@@ -250,6 +256,7 @@ if [ -z "${SKIP_TPS:-}" ]; then
 		pg_receivewal_sync) label="pg_receivewal --synchronous (on)" ;;
 		esac
 		[ "$v" = "${v%_pool}" ] || label="$label, --file-io pool"
+		[ "$v" = "${v%_inline}" ] || label="$label, --file-io inline"
 		stats "tps:$v" ${tps[$v]}
 		echo "  = $label"
 	done
@@ -263,6 +270,7 @@ if [ -z "${SKIP_TPS:-}" ]; then
 	pair pg_receivewal_sync pgwal_flush
 	for v in "${variants[@]}"; do
 		[ "$v" = "${v%_pool}" ] || pair "$v" "${v%_pool}"
+		[ "$v" = "${v%_inline}" ] || pair "$v" "${v%_inline}"
 	done
 fi
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
