@@ -3,7 +3,8 @@
 # `drain` example, proto 1 and proto 4 parallel), `pgwal stream` (JSON to
 # /dev/null) and pg_recvlogical (pgoutput proto 1 to /dev/null), each on its
 # own slot created before the load. Reports wall time, inserts/s, client
-# CPU per insert (user+sys), client max RSS and walsender CPU per insert.
+# CPU per insert (user+sys), client max RSS, walsender CPU per insert and
+# how often the walsender blocked (voluntary context switches).
 #
 # pgwal_v1_coalesce turns on StreamConfig::read_coalesce (1 ms).
 # Each consumer runs ROUNDS times (default 3), interleaved; medians are printed
@@ -91,11 +92,17 @@ for c in "${consumers[@]}"; do
 	# Walsender CPU: find its pid once (psql costs CPU on this box), then
 	# sample /proc/PID/stat without forking until the client exits.
 	ws=0
+	wv=0
 	wp=
 	while kill -0 $pid 2>/dev/null; do
 		[ -n "$wp" ] || wp=$(psql -c "SELECT active_pid FROM pg_replication_slots WHERE slot_name = '$slot'" 2>/dev/null || true)
 		if [ -n "$wp" ] && read -r -a st 2>/dev/null </proc/"$wp"/stat; then
 			ws=$((st[13] + st[14]))
+			# voluntary context switches: how often the walsender blocked
+			# (socket full, or waiting for WAL)
+			while read -r k v; do
+				[ "$k" = voluntary_ctxt_switches: ] && wv=$v
+			done </proc/"$wp"/status 2>/dev/null || true
 		fi
 		sleep 0.02
 	done
@@ -107,7 +114,7 @@ for c in "${consumers[@]}"; do
 	fi
 	end=$(date +%s.%N)
 	read -r u s m w e <"$dir/time"
-	echo "$c $start $end $u $s $m $ws $w $e" >>"$dir/results"
+	echo "$c $start $end $u $s $m $ws $w $e $wv" >>"$dir/results"
 done
 done
 # the lab's statistics need numpy/scipy: its virtualenv (lab/setup.sh) if present
@@ -117,7 +124,7 @@ labpy=$repo/lab/.venv/bin/python3
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 total = int(sys.argv[2])
-print(f"{'consumer':<20} {'wall_s':>8} {'inserts/s':>10} {'(min-max)':>15} {'client_us/ins':>14} {'(min-max)':>11} {'max_rss_MB':>10} {'walsender_us/ins':>16} {'client_wakeups/1k':>17}   (medians of {len(rows) // max(1, len(set(r[0] for r in rows)))})")
+print(f"{'consumer':<20} {'wall_s':>8} {'inserts/s':>10} {'(min-max)':>15} {'client_us/ins':>14} {'(min-max)':>11} {'max_rss_MB':>10} {'walsender_us/ins':>16} {'client_wakeups/1k':>17} {'walsender_waits/1k':>18}   (medians of {len(rows) // max(1, len(set(r[0] for r in rows)))})")
 for c in dict.fromkeys(r[0] for r in rows):
     rs = [r for r in rows if r[0] == c]
     med = lambda f: statistics.median(f(r) for r in rs)
@@ -131,8 +138,9 @@ for c in dict.fromkeys(r[0] for r in rows):
     rss = med(lambda r: int(r[5]) / 1024)
     ws = med(lambda r: int(r[6]) * 1e4 / total)
     wk = med(lambda r: int(r[7]) * 1e3 / total)
+    wv = med(lambda r: int(r[9]) * 1e3 / total if len(r) > 9 else float("nan"))
     (r0, r1), (c0, c1) = span(rate), span(cpu_of)
-    print(f"{c:<20} {wall:8.2f} {total / wall:10.0f} {f'{r0 / 1e3:.0f}k-{r1 / 1e3:.0f}k':>15} {cpu:14.2f} {f'{c0:.2f}-{c1:.2f}':>11} {rss:10.1f} {ws:16.2f} {wk:17.1f}")
+    print(f"{c:<20} {wall:8.2f} {total / wall:10.0f} {f'{r0 / 1e3:.0f}k-{r1 / 1e3:.0f}k':>15} {cpu:14.2f} {f'{c0:.2f}-{c1:.2f}':>11} {rss:10.1f} {ws:16.2f} {wk:17.1f} {wv:18.1f}")
 # Ratios against the first consumer: bootstrap 95% CI of the ratio of
 # medians and Mann-Whitney p (the lab's statistics).
 sys.path.insert(0, sys.argv[3])
