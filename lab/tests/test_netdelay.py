@@ -1,12 +1,15 @@
 """The delay proxy adds the configured delay (measured RTT with the
 ping-pong tool), preserves byte order, and honours the bandwidth limit.
 
-Tolerance (stated, checked): with one-way delay d in each direction the
-median RTT through the proxy lies in [2d, 2d + direct RTT + 0.25 ms] and no
-sample is ever early; the proxy's own release lateness (it reports it) has
-p50 <= 0.1 ms.  On a 2-core box the measured median RTT excess is
-~0.05-0.09 ms; 0.3 ms leaves room for a loaded CI machine, where the ping and
-echo endpoints themselves wait for CPU."""
+Tolerance (stated, checked): no sample is ever early; the proxy's own
+release lateness (it reports it) has p50 <= 0.1 ms -- that is the proxy's
+precision; and, end to end, the median RTT through the proxy lies in
+[2d, 2d + direct RTT + 0.3 ms + 0.1 d] for one-way delay d. On a quiet
+2-core box the end-to-end excess is ~0.05-0.09 ms. The slack is for the
+ping and echo endpoints, not the proxy: on a loaded CI machine they wait
+for CPU, and on this VM an endpoint that sat idle for the whole delay
+wakes up later the longer it slept (measured at d = 5 ms: excess
+0.42-0.66 ms while the proxy's lateness p50 stayed at 0.06-0.07 ms)."""
 import json
 import os
 import socket
@@ -77,11 +80,11 @@ def test_proxy_adds_configured_delay(netdelay, echo, delay_ms):
         # every ping is at least one chunk each way (the stats file lags <= 200 ms)
         assert r["counters"]["up_chunks"] >= r["count"] * 0.9
         assert r["counters"]["up_bytes"] >= r["count"] * 64 * 0.9
-        if r["excess_us"] <= r["direct_p50_us"] + TOLERANCE_MS * 1000 and \
-                all(l["p50_us"] <= 100 for l in r["lateness"]):
+        slack_us = r["direct_p50_us"] + TOLERANCE_MS * 1000 + 0.1 * delay_ms * 1000
+        if r["excess_us"] <= slack_us and all(l["p50_us"] <= 100 for l in r["lateness"]):
             return
     pytest.fail(f"median RTT excess {r['excess_us']:.0f} us over 2 x {delay_ms} ms (tolerance "
-                f"{TOLERANCE_MS} ms + direct RTT), lateness {r['lateness']}")
+                f"{slack_us:.0f} us: {TOLERANCE_MS} ms + direct RTT + 10% of d), lateness {r['lateness']}")
 
 
 def test_proxy_preserves_bytes_and_order(netdelay, echo):
