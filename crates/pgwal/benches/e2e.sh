@@ -77,7 +77,7 @@ for c in "${consumers[@]}"; do
 	slot=s_${c}_$r
 	case $c in
 	pgwal_v1) cmd=("$drain" "$conn" "$slot" p "$stop" 1) ;;
-	pgwal_v1_coalesce) cmd=(env COALESCE_US=1000 "$drain" "$conn" "$slot" p "$stop" 1) ;;
+	pgwal_v1_coalesce) cmd=(env COALESCE_US="${COALESCE_US:-1000}" "$drain" "$conn" "$slot" p "$stop" 1) ;;
 	pgwal_v4) cmd=("$drain" "$conn" "$slot" p "$stop" 4 parallel) ;;
 	walstream_v1) cmd=("$walstream" "$conn" "$slot" p "$stop" 1) ;;
 	walstream_v4) cmd=("$walstream" "$conn" "$slot" p "$stop" 4 parallel) ;;
