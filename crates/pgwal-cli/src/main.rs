@@ -76,10 +76,20 @@ struct SlotDropArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    // `stream` runs on two worker threads: the stream's reader task then
+    // keeps reading while the output is written, and the walsender is not
+    // made to wake a reader that drained the socket and slept (measured in
+    // crates/README.md). `receive` stays on one thread, where its inline
+    // file I/O was measured.
+    let mut builder = match cli.command {
+        Command::Stream(_) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(2);
+            b
+        }
+        _ => tokio::runtime::Builder::new_current_thread(),
+    };
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("pgwal: cannot start runtime: {e}");

@@ -6,7 +6,8 @@
 # CPU per insert (user+sys), client max RSS, walsender CPU per insert and
 # how often the walsender blocked (voluntary context switches).
 #
-# pgwal_v1_coalesce turns on StreamConfig::read_coalesce (1 ms).
+# pgwal_v1_coalesce turns on StreamConfig::read_coalesce (COALESCE_US, default
+# 1000 us); pgwal_v1_mt runs the drain on a 2-worker multi-thread runtime.
 # Each consumer runs ROUNDS times (default 3), interleaved; medians are printed
 # with the spread (min-max) of inserts/s and client CPU per insert, then the
 # first consumer's ratio to each other one (median ratio, bootstrap 95% CI,
@@ -78,6 +79,7 @@ for c in "${consumers[@]}"; do
 	case $c in
 	pgwal_v1) cmd=("$drain" "$conn" "$slot" p "$stop" 1) ;;
 	pgwal_v1_coalesce) cmd=(env COALESCE_US="${COALESCE_US:-1000}" "$drain" "$conn" "$slot" p "$stop" 1) ;;
+	pgwal_v1_mt) cmd=(env WORKER_THREADS=2 "$drain" "$conn" "$slot" p "$stop" 1) ;;
 	pgwal_v4) cmd=("$drain" "$conn" "$slot" p "$stop" 4 parallel) ;;
 	walstream_v1) cmd=("$walstream" "$conn" "$slot" p "$stop" 1) ;;
 	walstream_v4) cmd=("$walstream" "$conn" "$slot" p "$stop" 4 parallel) ;;

@@ -2,6 +2,7 @@
 //! event count: the minimal consumer used by `benches/e2e.sh`.
 //!
 //! `cargo run --release --example drain -- CONNINFO SLOT PUBLICATION STOP_LSN [PROTO] [STREAMING]`
+//! (env: `COALESCE_US`, `WORKER_THREADS`)
 
 use futures_util::StreamExt;
 use pgwal::{LogicalStream, StreamConfig, Streaming};
@@ -26,9 +27,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let us: u64 = us.parse()?;
         cfg = cfg.read_coalesce((us > 0).then(|| std::time::Duration::from_micros(us)));
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    // WORKER_THREADS=N: a multi-thread runtime, so that the stream's
+    // reader task and this consumer can run on different threads.
+    let rt = match std::env::var("WORKER_THREADS")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+    {
+        Some(n) if n > 0 => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build()?,
+        _ => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?,
+    };
     rt.block_on(async {
         let mut s = LogicalStream::start(a[1].parse()?, cfg).await?;
         let (mut events, mut inserts) = (0u64, 0u64);
