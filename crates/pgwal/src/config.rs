@@ -69,8 +69,9 @@ pub enum ChannelBinding {
 /// (`postgresql://%2Fvar%2Frun%2Fpostgresql/db`) or pass it as `?host=`. As
 /// libpq does, TLS is never attempted over a Unix-domain socket (`sslmode`
 /// is ignored there), so channel binding is not available on one. Without
-/// any host the first of `/var/run/postgresql` (Debian's socket directory)
-/// and `/tmp` (upstream's) that holds the port's socket is used, else
+/// a host (`host` is empty) each connection attempt uses the first of
+/// `/var/run/postgresql` (Debian's socket directory) and `/tmp`
+/// (upstream's) that holds the port's socket at that moment, else
 /// `localhost` over TCP.
 ///
 /// ```
@@ -89,7 +90,7 @@ pub enum ChannelBinding {
 #[non_exhaustive]
 pub struct Config {
     /// Host name or IP address, or the absolute path of a Unix-domain
-    /// socket directory.
+    /// socket directory; empty for the default (see above).
     pub host: String,
     /// Port: TCP port, or the number in the socket file's name.
     pub port: u16,
@@ -347,10 +348,7 @@ impl Config {
             key: format!("port={port}"),
             reason: "not a port number",
         })?;
-        let host = r
-            .host
-            .or_else(|| env("PGHOST"))
-            .unwrap_or_else(|| default_host(port));
+        let host = r.host.or_else(|| env("PGHOST")).unwrap_or_default();
         if host.contains(',') {
             return Err(Error::Config {
                 key: format!("host={host}"),
@@ -434,8 +432,10 @@ impl Config {
         })
     }
 
-    /// The Unix-domain socket this configuration connects to, if `host` is a
-    /// socket directory.
+    /// The Unix-domain socket this configuration connects to: in `host`'s
+    /// directory if it is one; with no host, in the first default directory
+    /// whose socket exists now (checked on every call, i.e. every connection
+    /// attempt); otherwise `None` (TCP).
     ///
     /// ```
     /// use pgwal::Config;
@@ -446,9 +446,24 @@ impl Config {
     /// assert!(c.unix_socket().is_none());
     /// ```
     pub fn unix_socket(&self) -> Option<PathBuf> {
+        if self.host.is_empty() {
+            return DEFAULT_SOCKET_DIRS
+                .iter()
+                .map(|d| socket_path(d, self.port))
+                .find(|p| p.exists());
+        }
         self.host
             .starts_with('/')
             .then(|| socket_path(&self.host, self.port))
+    }
+
+    /// The host name for TCP and TLS: `host`, or `localhost` without one.
+    pub(crate) fn tcp_host(&self) -> &str {
+        if self.host.is_empty() {
+            "localhost"
+        } else {
+            &self.host
+        }
     }
 
     /// The password to send: the configured one, else the password file's.
@@ -464,7 +479,9 @@ impl Config {
         // libpq matches a connection over the default socket directory as
         // `localhost`; any other socket directory matches by its path.
         let host = match self.host.as_str() {
-            h if DEFAULT_SOCKET_DIRS.contains(&h.trim_end_matches('/')) => "localhost",
+            h if h.is_empty() || DEFAULT_SOCKET_DIRS.contains(&h.trim_end_matches('/')) => {
+                "localhost"
+            }
             h => h,
         };
         crate::pgpass::lookup(&text, host, self.port, &self.dbname, &self.user)
@@ -477,15 +494,6 @@ const DEFAULT_SOCKET_DIRS: [&str; 2] = ["/var/run/postgresql", "/tmp"];
 
 fn socket_path(dir: &str, port: u16) -> PathBuf {
     PathBuf::from(dir).join(format!(".s.PGSQL.{port}"))
-}
-
-/// The host used when none is configured: a default socket directory whose
-/// socket for `port` exists, else `localhost`.
-fn default_host(port: u16) -> String {
-    DEFAULT_SOCKET_DIRS
-        .iter()
-        .find(|d| socket_path(d, port).exists())
-        .map_or_else(|| "localhost".into(), |d| (*d).into())
 }
 
 impl FromStr for Config {
@@ -540,6 +548,18 @@ mod tests {
             Some(PathBuf::from("/run/pg/.s.PGSQL.6001"))
         );
         assert!(Config::parse("host=@abstract").is_err());
+        // No host: a default directory's socket if it exists at the time of
+        // the call, else TCP to localhost.
+        let port = 40000 + (std::process::id() % 20000) as u16;
+        let c = Config::parse(&format!("port={port} user=u dbname=d")).unwrap();
+        assert_eq!((c.host.as_str(), c.tcp_host()), ("", "localhost"));
+        let sock = socket_path("/tmp", port);
+        if !sock.exists() && !socket_path("/var/run/postgresql", port).exists() {
+            assert_eq!(c.unix_socket(), None);
+            std::fs::write(&sock, b"").unwrap();
+            assert_eq!(c.unix_socket(), Some(sock.clone()));
+            std::fs::remove_file(&sock).unwrap();
+        }
         assert!(Config::parse("host=a,b").is_err());
     }
 
@@ -560,6 +580,7 @@ mod tests {
             Some("local")
         );
         assert_eq!(conf("/tmp/").resolve_password().as_deref(), Some("local"));
+        assert_eq!(conf("''").resolve_password().as_deref(), Some("local"));
         assert_eq!(conf("/sock").resolve_password().as_deref(), Some("bypath"));
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -38,11 +38,7 @@ async fn with_timeout<T>(
 }
 
 async fn tcp(config: &Config) -> Result<TcpStream> {
-    let s = with_timeout(
-        config,
-        TcpStream::connect((config.host.as_str(), config.port)),
-    )
-    .await?;
+    let s = with_timeout(config, TcpStream::connect((config.tcp_host(), config.port))).await?;
     s.set_nodelay(true)?;
     Ok(s)
 }
@@ -50,7 +46,7 @@ async fn tcp(config: &Config) -> Result<TcpStream> {
 async fn handshake(config: &Config, s: TcpStream) -> Result<Transport> {
     let connector = TlsConnector::from(tls::client_config(config)?);
     let tls = connector
-        .connect(tls::server_name(&config.host)?, s)
+        .connect(tls::server_name(config.tcp_host())?, s)
         .await
         .map_err(
             |e| match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {

@@ -238,19 +238,7 @@ fn reconnects_after_the_walsender_is_terminated() {
 
 /// Starts `psql -c "SET synchronous_commit = mode; INSERT ..."`.
 fn commit(c: &Cluster, mode: &str) -> Child {
-    Command::new(c.bin.join("psql"))
-        .args([
-            "-X",
-            "-q",
-            "-h",
-            "127.0.0.1",
-            "-U",
-            "postgres",
-            "-d",
-            "postgres",
-            "-p",
-        ])
-        .arg(c.port.to_string())
+    c.psql_command()
         .arg("-c")
         .arg(format!(
             "SET synchronous_commit = {mode}; INSERT INTO t VALUES (1)"

@@ -32,26 +32,10 @@ fn snapshot_then_stream_equals_table() {
                 )
             })
             .collect();
-        let port = c.port;
-        let psql = bin.join("psql");
+        let mut psql = c.psql_command();
+        psql.args(["-f", "-"]);
         let writer = std::thread::spawn(move || {
-            let mut child = std::process::Command::new(psql)
-                .args([
-                    "-X",
-                    "-q",
-                    "-h",
-                    "127.0.0.1",
-                    "-U",
-                    "postgres",
-                    "-d",
-                    "postgres",
-                    "-v",
-                    "ON_ERROR_STOP=1",
-                    "-f",
-                    "-",
-                ])
-                .arg("-p")
-                .arg(port.to_string())
+            let mut child = psql
                 .stdin(std::process::Stdio::piped())
                 .stdout(std::process::Stdio::null())
                 .spawn()

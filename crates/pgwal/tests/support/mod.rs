@@ -187,30 +187,24 @@ impl Cluster {
         cluster
     }
 
+    /// `psql` connected to this cluster as `postgres`, stopping on the
+    /// first error; callers add what to run.
+    pub fn psql_command(&self) -> Command {
+        let mut c = Command::new(self.bin.join("psql"));
+        c.args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1"])
+            .args(["-U", "postgres", "-d", "postgres", "-p"])
+            .arg(self.port.to_string());
+        c
+    }
+
     /// Runs SQL through psql (statement by statement, stop on error) and
     /// returns unaligned, tuples-only output.
     pub fn psql(&self, sql: &str) -> String {
-        let mut c = Command::new(self.bin.join("psql"));
-        c.args([
-            "-X",
-            "-q",
-            "-At",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-h",
-            "127.0.0.1",
-            "-U",
-            "postgres",
-            "-d",
-            "postgres",
-        ])
-        .arg("-p")
-        .arg(self.port.to_string())
-        .arg("-f")
-        .arg("-")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        let mut c = self.psql_command();
+        c.args(["-At", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         let mut child = c.spawn().unwrap();
         child
             .stdin
