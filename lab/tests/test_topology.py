@@ -110,4 +110,7 @@ def test_commit_latency_follows_link_delay(pg_bin):
         extra = lat["remote_write"] - lat["local"]
         print(f"\ncommit p50: local {lat['local']:.2f} ms, remote_write {lat['remote_write']:.2f} ms "
               f"(+{extra:.2f} ms for a 10 ms RTT link)")
-        assert 10.0 <= extra <= 12.5, lat  # never less than the RTT; the rest is processing on a busy box
+        # Never less than the RTT. The upper bound only catches a delay applied
+        # twice (+20 ms): on a loaded 2-core box the standby's processing
+        # adds a few ms (12.7 seen while a server build ran).
+        assert 10.0 <= extra <= 15.0, lat
