@@ -57,6 +57,10 @@ pub(crate) struct StreamArgs {
     /// Seconds between feedback messages.
     #[arg(long, default_value_t = 1.0)]
     status_interval: f64,
+    /// During a burst, let changes accumulate in the socket for up to this
+    /// many milliseconds before waking (TCP on Linux; 0 reads eagerly).
+    #[arg(long, default_value_t = 1.0)]
+    batch_wait_ms: f64,
 }
 
 fn parse_lsn(s: &str) -> std::result::Result<Lsn, String> {
@@ -105,7 +109,10 @@ pub(crate) async fn run(config: Config, a: StreamArgs) -> Result<()> {
         })
         .two_phase(a.two_phase)
         .messages(a.messages)
-        .status_interval(Duration::from_secs_f64(a.status_interval.max(0.01)));
+        .status_interval(Duration::from_secs_f64(a.status_interval.max(0.01)))
+        .read_coalesce(
+            (a.batch_wait_ms > 0.0).then(|| Duration::from_secs_f64(a.batch_wait_ms / 1000.0)),
+        );
     if let Some(v) = a.proto_version {
         cfg = cfg.proto_version(v);
     }

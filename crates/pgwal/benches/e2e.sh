@@ -6,8 +6,10 @@
 # CPU per insert (user+sys), client max RSS, walsender CPU per insert and
 # how often the walsender blocked (voluntary context switches).
 #
-# pgwal_v1_coalesce turns on StreamConfig::read_coalesce (COALESCE_US, default
-# 1000 us); pgwal_v1_mt runs the drain on a 2-worker multi-thread runtime.
+# pgwal_* consumers use the default StreamConfig::read_coalesce (1 ms: over
+# TCP the socket's receive low-water mark is raised during a burst);
+# *_eager turns it off, pgwal_v1_coalesce sets it to COALESCE_US. *_mt runs
+# the drain on a 2-worker multi-thread runtime.
 # Each consumer runs ROUNDS times (default 3), interleaved; medians are printed
 # with the spread (min-max) of inserts/s and client CPU per insert, then the
 # first consumer's ratio to each other one (median ratio, bootstrap 95% CI,
@@ -40,7 +42,7 @@ cli=$repo/crates/target/release/pgwal
 if [ -n "${CONSUMERS:-}" ]; then
 	read -r -a consumers <<<"$CONSUMERS"
 else
-	consumers=(pgwal_v1 pgwal_v1_coalesce pgwal_v4 pgwal_cli pg_recvlogical)
+	consumers=(pgwal_v1 pgwal_v1_eager pgwal_v4 pgwal_cli pg_recvlogical)
 fi
 walstream=$repo/crates/peer-bench/target/release/walstream-drain
 walstream_rustls=$repo/crates/peer-bench/target/rustls/release/walstream-drain
@@ -78,8 +80,10 @@ for c in "${consumers[@]}"; do
 	slot=s_${c}_$r
 	case $c in
 	pgwal_v1) cmd=("$drain" "$conn" "$slot" p "$stop" 1) ;;
+	pgwal_v1_eager) cmd=(env COALESCE_US=0 "$drain" "$conn" "$slot" p "$stop" 1) ;;
 	pgwal_v1_coalesce) cmd=(env COALESCE_US="${COALESCE_US:-1000}" "$drain" "$conn" "$slot" p "$stop" 1) ;;
 	pgwal_v1_mt) cmd=(env WORKER_THREADS=2 "$drain" "$conn" "$slot" p "$stop" 1) ;;
+	pgwal_v1_mt_eager) cmd=(env WORKER_THREADS=2 COALESCE_US=0 "$drain" "$conn" "$slot" p "$stop" 1) ;;
 	pgwal_v4) cmd=("$drain" "$conn" "$slot" p "$stop" 4 parallel) ;;
 	walstream_v1) cmd=("$walstream" "$conn" "$slot" p "$stop" 1) ;;
 	walstream_v4) cmd=("$walstream" "$conn" "$slot" p "$stop" 4 parallel) ;;
@@ -169,3 +173,8 @@ cp "$dir/results" "${RESULTS_OUT:-/dev/null}"
 psql -c "CREATE TABLE lat (id int, v text)" -c "CREATE PUBLICATION pl FOR TABLE lat" \
 	-c "SELECT pg_create_logical_replication_slot('s_lat', 'pgoutput')" >/dev/null
 "$repo/crates/target/release/examples/latency" "$conn" s_lat pl lat "${LAT_COUNT:-2000}" 5
+# The same with read_coalesce off: one commit every 5 ms is not a burst, so
+# the default's low-water mark should stay down and the latency not differ.
+psql -c "SELECT pg_create_logical_replication_slot('s_lat_e', 'pgoutput')" >/dev/null
+echo "with read_coalesce off:"
+COALESCE_US=0 "$repo/crates/target/release/examples/latency" "$conn" s_lat_e pl lat "${LAT_COUNT:-2000}" 5

@@ -4,7 +4,8 @@
 //! timestamp the server recorded). Both clocks are this machine's.
 //!
 //! `cargo run --release --example latency -- CONNINFO SLOT PUBLICATION TABLE [COUNT] [INTERVAL_MS]`
-//! (the slot and the publication on TABLE(id int, v text) must exist).
+//! (the slot and the publication on TABLE(id int, v text) must exist;
+//! env `COALESCE_US` sets `StreamConfig::read_coalesce`).
 
 use std::time::Duration;
 
@@ -25,7 +26,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
     rt.block_on(async {
         let config: pgwal::Config = a[1].parse()?;
-        let mut stream = LogicalStream::start(config.clone(), StreamConfig::new(a[2].clone(), [a[3].clone()])).await?;
+        let mut cfg = StreamConfig::new(a[2].clone(), [a[3].clone()]);
+        if let Ok(us) = std::env::var("COALESCE_US") {
+            let us: u64 = us.parse()?;
+            cfg = cfg.read_coalesce((us > 0).then(|| Duration::from_micros(us)));
+        }
+        let mut stream = LogicalStream::start(config.clone(), cfg).await?;
         let table = a[4].clone();
         let writer = tokio::spawn(async move {
             let mut sql = ReplicationClient::connect_sql(&config).await?;

@@ -6,6 +6,15 @@ use postgres_protocol::message::backend::Message;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::error::{DbError, Error, Result};
+use crate::low_water::LowWater;
+
+/// Bytes that must be queued before a raised low-water mark wakes the
+/// reader: ~100 typical change messages, and reached within well under a
+/// millisecond by a walsender draining a backlog (~30 MB/s here).
+const LOW_WATER_BYTES: i32 = 16 * 1024;
+
+/// Reads made at a one-byte mark after the mark was not reached in time.
+const UNBATCHED_AFTER_TIMEOUT: u32 = 64;
 
 /// A backend message, with the replication hot path (CopyData) unparsed.
 pub(crate) enum Backend {
@@ -22,11 +31,15 @@ pub(crate) enum Backend {
 pub(crate) struct FrameReader<R> {
     io: R,
     buf: BytesMut,
-    last_read_len: usize,
     last_read_at: Option<std::time::Instant>,
     /// A read error met by [`more_ready`](Self::more_ready), reported by the
     /// next [`read`](Self::read).
     deferred: Option<std::io::Error>,
+    /// The TCP socket's receive low-water mark, for
+    /// [`read_batched`](Self::read_batched).
+    low_water: Option<LowWater>,
+    /// Reads left at a one-byte mark after a batched wait timed out.
+    unbatched_reads: u32,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
@@ -34,10 +47,17 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         FrameReader {
             io,
             buf: BytesMut::with_capacity(64 * 1024),
-            last_read_len: 0,
             last_read_at: None,
             deferred: None,
+            low_water: None,
+            unbatched_reads: 0,
         }
+    }
+
+    /// Lets [`read_batched`](Self::read_batched) use this low-water mark.
+    pub(crate) fn with_low_water(mut self, low_water: Option<LowWater>) -> Self {
+        self.low_water = low_water;
+        self
     }
 
     /// Whether a whole message is buffered.
@@ -80,17 +100,6 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }))
     }
 
-    /// Whether the reader is in a stream of small reads (the last one was
-    /// under 32 KiB and less than 10 ms ago) with no whole message buffered: waiting a
-    /// moment lets data accumulate, saving wake-ups on both ends.
-    pub(crate) fn should_coalesce(&self) -> bool {
-        !self.has_frame()
-            && self.last_read_len < 32 * 1024
-            && self
-                .last_read_at
-                .is_some_and(|t| t.elapsed() < std::time::Duration::from_millis(10))
-    }
-
     /// Whether a whole message is buffered after taking in whatever the
     /// socket has now, without waiting (one poll with a no-op waker; the
     /// next [`read`](Self::read) registers its own). End of stream or an
@@ -113,13 +122,65 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                     "server closed the connection",
                 ))
             }
-            Some(Ok(n)) => {
-                self.last_read_len = n;
+            Some(Ok(_)) => {
                 self.last_read_at = Some(std::time::Instant::now());
             }
             Some(Err(e)) => self.deferred = Some(e),
         }
         self.has_frame()
+    }
+
+    /// The next message, letting data accumulate while it arrives fast:
+    /// when the previous read completed less than `max_wait / 4` ago, the
+    /// socket's low-water mark is raised so the kernel wakes the reader
+    /// only once [`LOW_WATER_BYTES`] are queued. The mark stays up while
+    /// reads reach it; when `max_wait` passes first, the mark drops to one
+    /// byte (which wakes the reader at once if anything is queued) and the
+    /// next [`UNBATCHED_AFTER_TIMEOUT`] reads are eager. So a message waits
+    /// at most about `max_wait` beyond its arrival, and only while messages
+    /// come faster than one per `max_wait / 4`. Without a low-water mark
+    /// (Unix-domain sockets, other systems) this is [`read`](Self::read).
+    /// Cancel-safe.
+    pub(crate) async fn read_batched(&mut self, max_wait: std::time::Duration) -> Result<Backend> {
+        if let Some(m) = self.try_next()? {
+            return Ok(m);
+        }
+        let Some(lw) = self.low_water.as_mut() else {
+            return self.read().await;
+        };
+        let fast = self.unbatched_reads == 0
+            && self
+                .last_read_at
+                .is_some_and(|t| t.elapsed() < max_wait / 4);
+        self.unbatched_reads = self.unbatched_reads.saturating_sub(1);
+        if fast {
+            if let Err(e) = lw.set(LOW_WATER_BYTES) {
+                // Not fatal: read as if no mark existed.
+                tracing::debug!("SO_RCVLOWAT not settable, reading unbatched: {e}");
+                self.low_water = None;
+                return self.read().await;
+            }
+        }
+        if !lw.raised() {
+            return self.read().await;
+        }
+        match tokio::time::timeout(max_wait, self.read()).await {
+            Ok(r) => r,
+            Err(_) => {
+                if let Some(Err(e)) = self.low_water.as_mut().map(|lw| lw.set(1)) {
+                    // A mark stuck high would stall the stream; a new
+                    // session starts with a fresh socket.
+                    self.low_water = None;
+                    return Err(Error::Io(e));
+                }
+                // On loopback especially, the sender may be held back by its
+                // congestion window while our unread data delays the ACKs it
+                // waits for (each small segment counts against the window):
+                // read eagerly for a while so it recovers.
+                self.unbatched_reads = UNBATCHED_AFTER_TIMEOUT;
+                self.read().await
+            }
+        }
     }
 
     /// The next message. Cancel-safe.
@@ -135,7 +196,6 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 self.buf.reserve(64 * 1024);
             }
             let n = self.io.read_buf(&mut self.buf).await?;
-            self.last_read_len = n;
             self.last_read_at = Some(std::time::Instant::now());
             if n == 0 {
                 return Err(Error::Io(std::io::Error::new(

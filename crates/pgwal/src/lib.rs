@@ -29,7 +29,8 @@
 //! * Events pass through a bounded buffer: a slow consumer stops the reading
 //!   of the socket (backpressure), never the feedback timer.
 #![warn(missing_docs, rust_2018_idioms)]
-#![forbid(unsafe_code)]
+// One module (low_water) sets a socket option through libc.
+#![deny(unsafe_code)]
 
 mod client;
 mod commands;
@@ -39,6 +40,7 @@ mod error;
 mod event;
 mod framing;
 mod logical_stream;
+mod low_water;
 mod pgpass;
 mod physical_config;
 mod physical_stream;

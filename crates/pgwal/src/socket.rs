@@ -1,5 +1,7 @@
 //! Opening the transport: TCP, then TLS as `sslmode` asks.
 
+use std::os::fd::{AsRawFd, RawFd};
+
 use bytes::BytesMut;
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -19,6 +21,9 @@ pub(crate) struct Transport {
     pub(crate) io: Box<dyn Socket>,
     /// Channel binding data when TLS is in use.
     pub(crate) tls_end_point: Option<Vec<u8>>,
+    /// The TCP socket under `io` (plain or TLS), for its receive
+    /// low-water mark; `None` for a Unix-domain socket.
+    pub(crate) tcp_fd: Option<RawFd>,
 }
 
 /// Awaits `connect`, bounded by `connect_timeout` when one is set.
@@ -44,6 +49,7 @@ async fn tcp(config: &Config) -> Result<TcpStream> {
 }
 
 async fn handshake(config: &Config, s: TcpStream) -> Result<Transport> {
+    let tcp_fd = Some(s.as_raw_fd());
     let connector = TlsConnector::from(tls::client_config(config)?);
     let tls = connector
         .connect(tls::server_name(config.tcp_host())?, s)
@@ -63,6 +69,7 @@ async fn handshake(config: &Config, s: TcpStream) -> Result<Transport> {
     Ok(Transport {
         io: Box::new(tls),
         tls_end_point: end_point,
+        tcp_fd,
     })
 }
 
@@ -81,13 +88,16 @@ pub(crate) async fn connect(config: &Config) -> Result<Transport> {
         return Ok(Transport {
             io: Box::new(s),
             tls_end_point: None,
+            tcp_fd: None,
         });
     }
     let mut s = tcp(config).await?;
+    let tcp_fd = Some(s.as_raw_fd());
     if config.ssl_mode == SslMode::Disable {
         return Ok(Transport {
             io: Box::new(s),
             tls_end_point: None,
+            tcp_fd,
         });
     }
     if config.ssl_direct {
@@ -102,6 +112,7 @@ pub(crate) async fn connect(config: &Config) -> Result<Transport> {
         b'N' if config.ssl_mode == SslMode::Prefer => Ok(Transport {
             io: Box::new(s),
             tls_end_point: None,
+            tcp_fd,
         }),
         b'N' => Err(Error::TlsRefused),
         tag => Err(Error::UnexpectedMessage {

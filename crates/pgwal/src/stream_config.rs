@@ -62,13 +62,18 @@ pub struct StreamConfig {
     pub buffer: usize,
     /// Reconnect policy.
     pub retry: RetryConfig,
-    /// While data arrives in a stream of small reads, wait this long before
-    /// reading again so more accumulates: fewer wake-ups of the client and
-    /// of the client, at the cost of up to this much latency under load.
-    /// `None` (the default) reads as soon as data arrives: on loopback,
-    /// data the client leaves unread is charged to the walsender's send
-    /// buffer, and a sleeping client measurably slowed the walsender
-    /// (`benches/e2e.sh`).
+    /// Batch wake-ups during bursts (default 1 ms): while messages arrive
+    /// faster than one per quarter of this duration, let data accumulate
+    /// for up to this long before reading. Over TCP on Linux the socket's
+    /// receive low-water mark (`SO_RCVLOWAT`) is raised to 16 KiB, so the
+    /// kernel wakes the reader once per ~100 change messages instead of
+    /// once per message, and the walsender's `send()` no longer has to wake
+    /// it each time (measured in `crates/README.md`: less than half the
+    /// client CPU per change, and less walsender CPU); the mark drops back
+    /// when this long passes without reaching it. A change waits at most
+    /// about this long (rounded up to the timer's millisecond) beyond its
+    /// arrival, and only during a burst. `None` reads as soon as data
+    /// arrives; so do Unix-domain sockets and other systems.
     pub read_coalesce: Option<Duration>,
     /// Remember the last row image of up to this many rows (by replica
     /// identity key) to fill in unchanged TOAST columns of later updates
@@ -98,7 +103,7 @@ impl StreamConfig {
             status_interval: Duration::from_secs(10),
             buffer: 1024,
             retry: RetryConfig::default(),
-            read_coalesce: None,
+            read_coalesce: Some(Duration::from_millis(1)),
             toast_cache_rows: 0,
         }
     }

@@ -304,10 +304,10 @@ impl Worker {
                     stop_now = stop_after_pending;
                 }
                 msg = async {
-                    if let Some(d) = coalesce.filter(|_| reader.should_coalesce()) {
-                        tokio::time::sleep(d).await;
+                    match coalesce {
+                        Some(max_wait) => reader.read_batched(max_wait).await,
+                        None => reader.read().await,
                     }
-                    reader.read().await
                 }, if pending.is_empty() => {
                     // Handle this message and whatever else is already
                     // buffered, up to one batch, without awaiting the socket.

@@ -534,3 +534,80 @@ fn reconnect_inside_streamed_transaction() {
         });
     }
 }
+
+#[test]
+fn batched_reads_lose_nothing_and_release_stragglers() {
+    // read_coalesce raises the TCP socket's receive low-water mark during a
+    // burst (a Unix-domain socket has none and reads eagerly). Either way
+    // every change arrives, rows larger than the mark included, and a lone
+    // transaction after the burst is not left waiting for more bytes.
+    for (label, bin) in support::servers() {
+        let c = Cluster::start(label, &bin, Options::default());
+        c.psql(SETUP);
+        let unix = format!(
+            "host={} port={} user=postgres dbname=postgres",
+            c.dir.display(),
+            c.port
+        );
+        for (transport, conninfo) in [("tcp", None), ("unix", Some(unix))] {
+            let cfg: pgwal::Config = match &conninfo {
+                Some(s) => s.parse().unwrap(),
+                None => config(&c, "postgres"),
+            };
+            c.psql("TRUNCATE t");
+            block_on(async {
+                let slot = format!("batched_{transport}");
+                make_slot(&c, &slot).await;
+                let mut s = LogicalStream::start(
+                    cfg,
+                    fast(StreamConfig::new(slot, ["p"]))
+                        .read_coalesce(Some(Duration::from_millis(5))),
+                )
+                .await
+                .unwrap();
+                for round in 0..3 {
+                    let base = round * 10_000;
+                    // A burst: small rows, then rows of ~22 kB that do not
+                    // compress (each message exceeds the 16 kB mark).
+                    c.psql(&format!(
+                        "INSERT INTO t SELECT g, 'x' FROM generate_series({}, {}) g;
+                         INSERT INTO t SELECT g, 'y', (SELECT string_agg(md5(g::text || i::text), '')
+                                                      FROM generate_series(1, 700) i)
+                           FROM generate_series({}, {}) g;",
+                        base + 1,
+                        base + 5000,
+                        base + 5001,
+                        base + 5100
+                    ));
+                    let (ids, commit, _) = next_txn(&mut s).await;
+                    assert_eq!(ids.len(), 5000, "{label}/{transport}");
+                    s.ack(commit.ack_lsn().unwrap());
+                    let (ids, commit, _) = next_txn(&mut s).await;
+                    assert_eq!(
+                        ids,
+                        ((base + 5001)..=(base + 5100)).collect::<Vec<_>>(),
+                        "{label}/{transport}"
+                    );
+                    s.ack(commit.ack_lsn().unwrap());
+                    // Stragglers right after the burst: one small row each.
+                    for k in 1..=5 {
+                        let id = base + 9000 + k;
+                        let t = Instant::now();
+                        c.psql(&format!("INSERT INTO t VALUES ({id}, 'z')"));
+                        let (ids, commit, _) = next_txn(&mut s).await;
+                        assert_eq!(ids, vec![id], "{label}/{transport}");
+                        s.ack(commit.ack_lsn().unwrap());
+                        // A mark left raised would hold it until the next
+                        // keepalive (wal_sender_timeout / 2 = 30 s).
+                        assert!(
+                            t.elapsed() < Duration::from_secs(5),
+                            "{label}/{transport}: straggler took {:?}",
+                            t.elapsed()
+                        );
+                    }
+                }
+                s.shutdown().await.unwrap();
+            });
+        }
+    }
+}
