@@ -76,15 +76,12 @@ struct SlotDropArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // `stream` runs on two worker threads: the stream's reader task then
-    // keeps reading while the output is written, and the walsender is not
-    // made to wake a reader that drained the socket and slept (measured in
-    // crates/README.md). `receive` stays on one thread, where its inline
-    // file I/O was measured.
-    let mut builder = match cli.command {
-        Command::Stream(_) => {
+    // `stream --threads N` (N > 1) runs on a multi-thread runtime; everything
+    // else on one thread (`receive`'s inline file I/O was measured there).
+    let mut builder = match &cli.command {
+        Command::Stream(a) if a.threads > 1 => {
             let mut b = tokio::runtime::Builder::new_multi_thread();
-            b.worker_threads(2);
+            b.worker_threads(usize::from(a.threads));
             b
         }
         _ => tokio::runtime::Builder::new_current_thread(),

@@ -61,6 +61,10 @@ pub(crate) struct StreamArgs {
     /// many milliseconds before waking (TCP on Linux; 0 reads eagerly).
     #[arg(long, default_value_t = 1.0)]
     batch_wait_ms: f64,
+    /// Runtime threads: 1 runs reading, decoding and output on one thread;
+    /// more gives the stream's reader a thread of its own.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub(crate) threads: u16,
 }
 
 fn parse_lsn(s: &str) -> std::result::Result<Lsn, String> {

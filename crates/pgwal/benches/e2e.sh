@@ -58,7 +58,7 @@ esac
 . "$repo/crates/pgwal/benches/cluster.sh"
 trap bench_cluster_stop EXIT
 bench_cluster_start "${BENCH_TMP:-/tmp}" "$bin" \
-	"wal_level = logical" "max_replication_slots = 40" "max_wal_senders = 10" "fsync = off" \
+	"wal_level = logical" "max_replication_slots = 100" "max_wal_senders = 10" "fsync = off" \
 	"synchronous_commit = off" "shared_buffers = 256MB" "max_wal_size = 4GB"
 
 psql -c "CREATE TABLE bench (id bigint, pad text)" -c "CREATE PUBLICATION p FOR TABLE bench"
@@ -90,6 +90,7 @@ for c in "${consumers[@]}"; do
 	walstream_rustls_v1) cmd=("$walstream_rustls" "$conn" "$slot" p "$stop" 1) ;;
 	walstream_rustls_v4) cmd=("$walstream_rustls" "$conn" "$slot" p "$stop" 4 parallel) ;;
 	pgwal_cli) cmd=("$cli" -d "$conn" stream -S "$slot" -P p --proto-version 1 --stop-lsn "$stop") ;;
+	pgwal_cli_mt) cmd=("$cli" -d "$conn" stream -S "$slot" -P p --proto-version 1 --stop-lsn "$stop" --threads 2) ;;
 	pg_recvlogical) cmd=("$bin/pg_recvlogical" -d "$conn" -S "$slot" --start -P pgoutput -o proto_version=1 -o publication_names=p -E "$stop" -f /dev/null) ;;
 	esac
 	start=$(date +%s.%N)

@@ -16,6 +16,10 @@ const LOW_WATER_BYTES: i32 = 16 * 1024;
 /// Reads made at a one-byte mark after the mark was not reached in time.
 const UNBATCHED_AFTER_TIMEOUT: u32 = 64;
 
+/// Consecutive quick reads (each returning data less than a quarter of the
+/// wait after the previous one) that make a burst.
+const BURST_READS: u32 = 16;
+
 /// A backend message, with the replication hot path (CopyData) unparsed.
 pub(crate) enum Backend {
     /// `d`: the body of a CopyData message.
@@ -32,6 +36,8 @@ pub(crate) struct FrameReader<R> {
     io: R,
     buf: BytesMut,
     last_read_at: Option<std::time::Instant>,
+    /// Time between the two latest reads that returned data.
+    read_gap: Option<std::time::Duration>,
     /// A read error met by [`more_ready`](Self::more_ready), reported by the
     /// next [`read`](Self::read).
     deferred: Option<std::io::Error>,
@@ -40,6 +46,8 @@ pub(crate) struct FrameReader<R> {
     low_water: Option<LowWater>,
     /// Reads left at a one-byte mark after a batched wait timed out.
     unbatched_reads: u32,
+    /// Consecutive reads that each came soon after the previous one.
+    fast_reads: u32,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
@@ -48,9 +56,11 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             io,
             buf: BytesMut::with_capacity(64 * 1024),
             last_read_at: None,
+            read_gap: None,
             deferred: None,
             low_water: None,
             unbatched_reads: 0,
+            fast_reads: 0,
         }
     }
 
@@ -123,7 +133,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 ))
             }
             Some(Ok(_)) => {
-                self.last_read_at = Some(std::time::Instant::now());
+                self.note_read();
             }
             Some(Err(e)) => self.deferred = Some(e),
         }
@@ -131,14 +141,14 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 
     /// The next message, letting data accumulate while it arrives fast:
-    /// when the previous read completed less than `max_wait / 4` ago, the
-    /// socket's low-water mark is raised so the kernel wakes the reader
-    /// only once [`LOW_WATER_BYTES`] are queued. The mark stays up while
+    /// after [`BURST_READS`] reads each completed less than `max_wait / 4`
+    /// after the one before, the socket's low-water mark is raised so the
+    /// kernel wakes the reader only once [`LOW_WATER_BYTES`] are queued. The mark stays up while
     /// reads reach it; when `max_wait` passes first, the mark drops to one
     /// byte (which wakes the reader at once if anything is queued) and the
     /// next [`UNBATCHED_AFTER_TIMEOUT`] reads are eager. So a message waits
-    /// at most about `max_wait` beyond its arrival, and only while messages
-    /// come faster than one per `max_wait / 4`. Without a low-water mark
+    /// at most about `max_wait` beyond its arrival, and only during a run
+    /// of messages coming faster than one per `max_wait / 4`. Without a low-water mark
     /// (Unix-domain sockets, other systems) this is [`read`](Self::read).
     /// Cancel-safe.
     pub(crate) async fn read_batched(&mut self, max_wait: std::time::Duration) -> Result<Backend> {
@@ -148,12 +158,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         let Some(lw) = self.low_water.as_mut() else {
             return self.read().await;
         };
-        let fast = self.unbatched_reads == 0
-            && self
-                .last_read_at
-                .is_some_and(|t| t.elapsed() < max_wait / 4);
+        let quick = self.read_gap.is_some_and(|gap| gap < max_wait / 4);
+        self.fast_reads = if quick { self.fast_reads + 1 } else { 0 };
         self.unbatched_reads = self.unbatched_reads.saturating_sub(1);
-        if fast {
+        // One transaction's few messages also come in quick succession:
+        // only a longer run of quick reads is a burst worth batching.
+        if self.fast_reads >= BURST_READS && self.unbatched_reads == 0 {
             if let Err(e) = lw.set(LOW_WATER_BYTES) {
                 // Not fatal: read as if no mark existed.
                 tracing::debug!("SO_RCVLOWAT not settable, reading unbatched: {e}");
@@ -183,6 +193,13 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
+    /// Records that a read returned data.
+    fn note_read(&mut self) {
+        let now = std::time::Instant::now();
+        self.read_gap = self.last_read_at.map(|t| now - t);
+        self.last_read_at = Some(now);
+    }
+
     /// The next message. Cancel-safe.
     pub(crate) async fn read(&mut self) -> Result<Backend> {
         loop {
@@ -196,7 +213,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 self.buf.reserve(64 * 1024);
             }
             let n = self.io.read_buf(&mut self.buf).await?;
-            self.last_read_at = Some(std::time::Instant::now());
+            self.note_read();
             if n == 0 {
                 return Err(Error::Io(std::io::Error::new(
                     std::io::ErrorKind::UnexpectedEof,
