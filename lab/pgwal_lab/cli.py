@@ -134,7 +134,7 @@ def cmd_run(args) -> int:
     for k in ("iterations", "duration", "warmup", "settle"):
         if getattr(args, k) is not None:
             overrides[k] = getattr(args, k)
-    bin_dir = Path(args.bin) if args.bin else default_pg_bin()
+    bin_dir = Path(args.bin).resolve() if args.bin else default_pg_bin()
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     results = Path(args.results) if args.results else LAB_DIR / "results" / f"{args.scenario}-{stamp}"
     try:
@@ -162,7 +162,7 @@ def cmd_demo(args) -> int:
     from .util import REPO
 
     if args.bin:
-        bin_dir = Path(args.bin)
+        bin_dir = Path(args.bin).resolve()
     elif os.environ.get("PGWAL_LAB_PG_BIN"):
         bin_dir = Path(os.environ["PGWAL_LAB_PG_BIN"])
     elif (REPO / ".build/install/bench/bin/postgres").exists():
@@ -208,7 +208,7 @@ def fsync_test(bin_dir: Path, profile: str, directory: Path, seconds: int = 1) -
 
 
 def cmd_fsync_test(args) -> int:
-    bin_dir = Path(args.bin) if args.bin else default_pg_bin()
+    bin_dir = Path(args.bin).resolve() if args.bin else default_pg_bin()
     r = fsync_test(bin_dir, args.profile, Path(args.dir))
     print(r["output"] if args.verbose else f"{r['profile']}: fdatasync {r['fdatasync_us']} us/op")
     return 0
@@ -218,7 +218,7 @@ def cmd_up(args) -> int:
     """Bring a topology up, print how to reach it, hold it for --hold seconds (or until Ctrl-C)."""
     from . import topology
 
-    bin_dir = Path(args.bin) if args.bin else default_pg_bin()
+    bin_dir = Path(args.bin).resolve() if args.bin else default_pg_bin()
     standbys = [topology.StandbySpec(f"s{i}", sync=i <= args.sync, disk=args.standby_disk, net=args.net)
                 for i in range(1, args.standbys + 1)]
     if args.cascade:

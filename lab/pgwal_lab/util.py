@@ -43,7 +43,7 @@ def state_dir() -> Path:
 def default_pg_bin() -> Path:
     env = os.environ.get("PGWAL_LAB_PG_BIN")
     if env:
-        return Path(env)
+        return Path(env).resolve()
     for cand in (REPO / ".build/install/check/bin", Path("/usr/lib/postgresql/15/bin")):
         if (cand / "postgres").exists():
             return cand

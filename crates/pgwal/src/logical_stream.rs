@@ -29,12 +29,12 @@ use crate::worker::{open_session, Item, Payload, Worker};
 /// yields `None` once it is reached, and the connection stays open (sending
 /// feedback) until shutdown or drop.
 ///
-/// For throughput, run it on a multi-thread runtime: the reading task then
-/// keeps reading while the consumer works, instead of sleeping on an empty
-/// socket that the walsender must wake it from (on loopback that wake-up is
-/// paid by the walsender, the usual bottleneck). Measured: ×1.37 inserts/s
-/// and −38% walsender CPU per insert against a current-thread runtime
-/// (`crates/README.md`).
+/// Any tokio runtime works. During a burst the reader lets changes
+/// accumulate in the socket for up to `read_coalesce` (1 ms by default,
+/// see [`StreamConfig`](crate::StreamConfig)) before waking, which makes
+/// the stream cheap for both ends; with that, a current-thread runtime
+/// measured faster than a multi-thread one (`crates/README.md`,
+/// "Benchmarks").
 ///
 /// ```no_run
 /// use futures_util::StreamExt;
