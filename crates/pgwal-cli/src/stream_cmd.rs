@@ -59,12 +59,19 @@ pub(crate) struct StreamArgs {
     status_interval: f64,
     /// During a burst, let changes accumulate in the socket for up to this
     /// many milliseconds before waking (TCP on Linux; 0 reads eagerly).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = parse_batch_wait)]
     batch_wait_ms: f64,
     /// Runtime threads: 1 runs reading, decoding and output on one thread;
     /// more gives the stream's reader a thread of its own.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub(crate) threads: u16,
+}
+
+fn parse_batch_wait(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=10_000.0).contains(&v) => Ok(v),
+        _ => Err("expected milliseconds from 0 to 10000".into()),
+    }
 }
 
 fn parse_lsn(s: &str) -> std::result::Result<Lsn, String> {

@@ -15,7 +15,6 @@ use crate::commands::{
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::framing::{Backend, FrameReader};
-use crate::low_water::LowWater;
 use crate::socket::{self, Socket};
 use crate::startup;
 use pgwal_protocol::Lsn;
@@ -99,8 +98,7 @@ impl ReplicationClient {
     async fn connect_mode(config: &Config, replication: Option<&str>) -> Result<ReplicationClient> {
         let t = socket::connect(config).await?;
         let (r, mut w) = split(t.io);
-        // The reader owns (half of) the stream, so the socket outlives the mark.
-        let mut reader = FrameReader::new(r).with_low_water(t.tcp_fd.and_then(LowWater::for_fd));
+        let mut reader = FrameReader::new(r).with_low_water(t.low_water);
         let info =
             startup::startup(config, t.tls_end_point, &mut reader, &mut w, replication).await?;
         Ok(ReplicationClient {

@@ -140,15 +140,16 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self.has_frame()
     }
 
-    /// The next message, letting data accumulate while it arrives fast:
-    /// after [`BURST_READS`] reads each completed less than `max_wait / 4`
-    /// after the one before, the socket's low-water mark is raised so the
-    /// kernel wakes the reader only once [`LOW_WATER_BYTES`] are queued. The mark stays up while
-    /// reads reach it; when `max_wait` passes first, the mark drops to one
-    /// byte (which wakes the reader at once if anything is queued) and the
-    /// next [`UNBATCHED_AFTER_TIMEOUT`] reads are eager. So a message waits
-    /// at most about `max_wait` beyond its arrival, and only during a run
-    /// of messages coming faster than one per `max_wait / 4`. Without a low-water mark
+    /// The next message, letting data accumulate while it arrives fast.
+    ///
+    /// After [`BURST_READS`] reads in a row each returned data less than
+    /// `max_wait / 4` after the one before, the socket's low-water mark is
+    /// raised so the kernel wakes the reader only once [`LOW_WATER_BYTES`]
+    /// are queued. The mark stays up while reads reach it; when `max_wait`
+    /// passes first, the mark drops to one byte (which wakes the reader at
+    /// once if anything is queued) and the next [`UNBATCHED_AFTER_TIMEOUT`]
+    /// reads are eager. So a message waits at most about `max_wait` beyond
+    /// its arrival, and only during a burst. Without a low-water mark
     /// (Unix-domain sockets, other systems) this is [`read`](Self::read).
     /// Cancel-safe.
     pub(crate) async fn read_batched(&mut self, max_wait: std::time::Duration) -> Result<Backend> {
@@ -159,7 +160,11 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             return self.read().await;
         };
         let quick = self.read_gap.is_some_and(|gap| gap < max_wait / 4);
-        self.fast_reads = if quick { self.fast_reads + 1 } else { 0 };
+        self.fast_reads = if quick {
+            self.fast_reads.saturating_add(1)
+        } else {
+            0
+        };
         self.unbatched_reads = self.unbatched_reads.saturating_sub(1);
         // One transaction's few messages also come in quick succession:
         // only a longer run of quick reads is a burst worth batching.
@@ -174,7 +179,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         if !lw.raised() {
             return self.read().await;
         }
-        match tokio::time::timeout(max_wait, self.read()).await {
+        match tokio::time::timeout(max_wait, self.read_unbatched()).await {
             Ok(r) => r,
             Err(_) => {
                 if let Some(Err(e)) = self.low_water.as_mut().map(|lw| lw.set(1)) {
@@ -200,8 +205,21 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self.last_read_at = Some(now);
     }
 
-    /// The next message. Cancel-safe.
+    /// The next message, read as soon as data arrives. Cancel-safe.
     pub(crate) async fn read(&mut self) -> Result<Backend> {
+        // A read_batched cancelled while waiting may have left the mark up
+        // (e.g. at shutdown): the few bytes still to come would not reach it.
+        if let Some(lw) = self.low_water.as_mut().filter(|lw| lw.raised()) {
+            if let Err(e) = lw.set(1) {
+                self.low_water = None;
+                return Err(Error::Io(e));
+            }
+        }
+        self.read_unbatched().await
+    }
+
+    /// The next message at whatever the mark is. Cancel-safe.
+    async fn read_unbatched(&mut self) -> Result<Backend> {
         loop {
             if let Some(m) = self.try_next()? {
                 return Ok(m);
@@ -260,4 +278,133 @@ pub(crate) fn db_error(
     Ok(DbError::from_fields(
         v.iter().map(|(t, s)| (*t, s.as_str())),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    /// A CopyData message with `n` payload bytes.
+    fn copy_data(n: usize) -> Vec<u8> {
+        let mut m = vec![b'd'];
+        m.extend_from_slice(&(4 + n as i32).to_be_bytes());
+        m.resize(5 + n, b'x');
+        m
+    }
+
+    async fn pair() -> (FrameReader<TcpStream>, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (server, _) = l.accept().await.unwrap();
+        let lw = LowWater::for_socket(&client);
+        (FrameReader::new(client).with_low_water(lw), server)
+    }
+
+    /// Sends `count` small messages one by one, reading each before the
+    /// next, so the reader sees a run of quick reads; `BURST_READS + 1` of them
+    /// leave the next `read_batched` call to raise the mark.
+    async fn burst(
+        r: &mut FrameReader<TcpStream>,
+        w: &mut TcpStream,
+        count: usize,
+        wait: Duration,
+    ) {
+        for _ in 0..count {
+            w.write_all(&copy_data(100)).await.unwrap();
+            assert!(matches!(
+                r.read_batched(wait).await.unwrap(),
+                Backend::CopyData(_)
+            ));
+        }
+    }
+
+    #[tokio::test]
+    async fn mark_rises_in_a_burst_and_stragglers_still_arrive() {
+        let (mut r, mut w) = pair().await;
+        if r.low_water.is_none() {
+            eprintln!("NOTICE: no SO_RCVLOWAT support here; nothing to test");
+            return;
+        }
+        let wait = Duration::from_millis(20);
+        burst(&mut r, &mut w, BURST_READS as usize + 1, wait).await;
+        // The next batched read raises the mark; a lone small message must
+        // still arrive, released by the timeout lowering the mark.
+        let t = Instant::now();
+        let send = async {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            w.write_all(&copy_data(100)).await.unwrap();
+        };
+        let (got, ()) = tokio::join!(r.read_batched(wait), send);
+        assert!(matches!(got.unwrap(), Backend::CopyData(_)));
+        let took = t.elapsed();
+        assert!(
+            took >= wait,
+            "returned after {took:?}: the mark was not raised"
+        );
+        assert!(took < wait * 50, "straggler took {took:?}");
+        assert!(!r.low_water.as_ref().unwrap().raised());
+        // After the timeout, reads are eager for a while.
+        assert_eq!(r.unbatched_reads, UNBATCHED_AFTER_TIMEOUT);
+    }
+
+    #[tokio::test]
+    async fn reaching_the_mark_wakes_the_reader_before_the_timeout() {
+        let (mut r, mut w) = pair().await;
+        if r.low_water.is_none() {
+            return;
+        }
+        let wait = Duration::from_secs(5);
+        burst(
+            &mut r,
+            &mut w,
+            BURST_READS as usize + 1,
+            Duration::from_millis(20),
+        )
+        .await;
+        // One write larger than the mark: read at once, not after 5 s.
+        let msgs: Vec<u8> = (0..200).flat_map(|_| copy_data(100)).collect();
+        let t = Instant::now();
+        let (got, ()) = tokio::join!(r.read_batched(wait), async {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            w.write_all(&msgs).await.unwrap();
+        });
+        assert!(matches!(got.unwrap(), Backend::CopyData(_)));
+        assert!(r.low_water.as_ref().unwrap().raised());
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        for _ in 1..200 {
+            r.read_batched(wait).await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn plain_read_after_a_cancelled_batched_read_is_not_held() {
+        let (mut r, mut w) = pair().await;
+        if r.low_water.is_none() {
+            return;
+        }
+        let wait = Duration::from_secs(30);
+        burst(
+            &mut r,
+            &mut w,
+            BURST_READS as usize + 1,
+            Duration::from_millis(20),
+        )
+        .await;
+        // Cancel a batched read while the mark is up (as shutdown does) ...
+        let cancelled = tokio::time::timeout(Duration::from_millis(20), r.read_batched(wait)).await;
+        assert!(cancelled.is_err());
+        assert!(r.low_water.as_ref().unwrap().raised());
+        // ... then a small reply must reach a plain read at once.
+        w.write_all(&copy_data(10)).await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(5), r.read()).await;
+        assert!(
+            matches!(got, Ok(Ok(Backend::CopyData(_)))),
+            "plain read held by the mark"
+        );
+    }
 }

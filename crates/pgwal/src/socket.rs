@@ -1,7 +1,5 @@
 //! Opening the transport: TCP, then TLS as `sslmode` asks.
 
-use std::os::fd::{AsRawFd, RawFd};
-
 use bytes::BytesMut;
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -10,6 +8,7 @@ use tokio_rustls::TlsConnector;
 
 use crate::config::{Config, SslMode};
 use crate::error::{Error, Result};
+use crate::low_water::LowWater;
 use crate::tls;
 
 /// A byte stream to the server, plain or TLS.
@@ -21,9 +20,9 @@ pub(crate) struct Transport {
     pub(crate) io: Box<dyn Socket>,
     /// Channel binding data when TLS is in use.
     pub(crate) tls_end_point: Option<Vec<u8>>,
-    /// The TCP socket under `io` (plain or TLS), for its receive
-    /// low-water mark; `None` for a Unix-domain socket.
-    pub(crate) tcp_fd: Option<RawFd>,
+    /// The receive low-water mark of the TCP socket under `io` (plain or
+    /// TLS); `None` for a Unix-domain socket or where unsupported.
+    pub(crate) low_water: Option<LowWater>,
 }
 
 /// Awaits `connect`, bounded by `connect_timeout` when one is set.
@@ -48,8 +47,11 @@ async fn tcp(config: &Config) -> Result<TcpStream> {
     Ok(s)
 }
 
-async fn handshake(config: &Config, s: TcpStream) -> Result<Transport> {
-    let tcp_fd = Some(s.as_raw_fd());
+async fn handshake(
+    config: &Config,
+    s: TcpStream,
+    low_water: Option<LowWater>,
+) -> Result<Transport> {
     let connector = TlsConnector::from(tls::client_config(config)?);
     let tls = connector
         .connect(tls::server_name(config.tcp_host())?, s)
@@ -69,7 +71,7 @@ async fn handshake(config: &Config, s: TcpStream) -> Result<Transport> {
     Ok(Transport {
         io: Box::new(tls),
         tls_end_point: end_point,
-        tcp_fd,
+        low_water,
     })
 }
 
@@ -88,31 +90,31 @@ pub(crate) async fn connect(config: &Config) -> Result<Transport> {
         return Ok(Transport {
             io: Box::new(s),
             tls_end_point: None,
-            tcp_fd: None,
+            low_water: None,
         });
     }
     let mut s = tcp(config).await?;
-    let tcp_fd = Some(s.as_raw_fd());
+    let low_water = LowWater::for_socket(&s);
     if config.ssl_mode == SslMode::Disable {
         return Ok(Transport {
             io: Box::new(s),
             tls_end_point: None,
-            tcp_fd,
+            low_water,
         });
     }
     if config.ssl_direct {
-        return handshake(config, s).await;
+        return handshake(config, s, low_water).await;
     }
     let mut buf = BytesMut::new();
     frontend::ssl_request(&mut buf);
     s.write_all(&buf).await?;
     let answer = s.read_u8().await?;
     match answer {
-        b'S' => handshake(config, s).await,
+        b'S' => handshake(config, s, low_water).await,
         b'N' if config.ssl_mode == SslMode::Prefer => Ok(Transport {
             io: Box::new(s),
             tls_end_point: None,
-            tcp_fd,
+            low_water,
         }),
         b'N' => Err(Error::TlsRefused),
         tag => Err(Error::UnexpectedMessage {

@@ -62,18 +62,19 @@ pub struct StreamConfig {
     pub buffer: usize,
     /// Reconnect policy.
     pub retry: RetryConfig,
-    /// Batch wake-ups during bursts (default 1 ms): while messages arrive
-    /// faster than one per quarter of this duration, let data accumulate
-    /// for up to this long before reading. Over TCP on Linux the socket's
-    /// receive low-water mark (`SO_RCVLOWAT`) is raised to 16 KiB, so the
-    /// kernel wakes the reader once per ~100 change messages instead of
-    /// once per message, and the walsender's `send()` no longer has to wake
-    /// it each time (measured in `crates/README.md`: less than half the
-    /// client CPU per change, and less walsender CPU); the mark drops back
-    /// when this long passes without reaching it. A change waits at most
-    /// about this long (rounded up to the timer's millisecond) beyond its
-    /// arrival, and only during a burst. `None` reads as soon as data
-    /// arrives; so do Unix-domain sockets and other systems.
+    /// Batch wake-ups during bursts (default 1 ms). After 16 reads in a
+    /// row that each returned data less than a quarter of this duration
+    /// after the previous one, the TCP socket's receive low-water mark
+    /// (`SO_RCVLOWAT`) is raised to 16 KiB, so the kernel wakes the reader
+    /// once per ~100 change messages instead of once per message, and the
+    /// walsender's `send()` no longer has to wake it each time (measured in
+    /// `crates/README.md`: a quarter of the client CPU per change and half
+    /// the walsender CPU). When this long passes without reaching the mark,
+    /// the mark drops back and the next 64 reads are eager. A change waits
+    /// at most about this long (plus the timer's millisecond rounding)
+    /// beyond its arrival, and only during a burst; one transaction's few
+    /// messages are not a burst. `None` reads as soon as data arrives; so
+    /// do Unix-domain sockets and systems other than Linux 4.18+.
     pub read_coalesce: Option<Duration>,
     /// Remember the last row image of up to this many rows (by replica
     /// identity key) to fill in unchanged TOAST columns of later updates
