@@ -305,33 +305,30 @@ mod tests {
         (FrameReader::new(client).with_low_water(lw), server)
     }
 
-    /// Sends `count` small messages one by one, reading each before the
-    /// next, so the reader sees a run of quick reads; `BURST_READS + 1` of them
-    /// leave the next `read_batched` call to raise the mark.
-    async fn burst(
-        r: &mut FrameReader<TcpStream>,
-        w: &mut TcpStream,
-        count: usize,
-        wait: Duration,
-    ) {
-        for _ in 0..count {
-            w.write_all(&copy_data(100)).await.unwrap();
-            assert!(matches!(
-                r.read_batched(wait).await.unwrap(),
-                Backend::CopyData(_)
-            ));
+    /// A connected pair whose reader has just seen a run of quick reads
+    /// (`BURST_READS + 1` small messages, each read before the next is
+    /// sent), so its next `read_batched` call raises the mark; `None` where
+    /// the system has no usable low-water mark.
+    async fn primed() -> Option<(FrameReader<TcpStream>, TcpStream)> {
+        let (mut r, mut w) = pair().await;
+        if r.low_water.is_none() {
+            eprintln!("NOTICE: no usable SO_RCVLOWAT here; nothing to test");
+            return None;
         }
+        for _ in 0..=BURST_READS {
+            w.write_all(&copy_data(100)).await.unwrap();
+            let m = r.read_batched(Duration::from_millis(20)).await.unwrap();
+            assert!(matches!(m, Backend::CopyData(_)));
+        }
+        Some((r, w))
     }
 
     #[tokio::test]
     async fn mark_rises_in_a_burst_and_stragglers_still_arrive() {
-        let (mut r, mut w) = pair().await;
-        if r.low_water.is_none() {
-            eprintln!("NOTICE: no SO_RCVLOWAT support here; nothing to test");
+        let Some((mut r, mut w)) = primed().await else {
             return;
-        }
+        };
         let wait = Duration::from_millis(20);
-        burst(&mut r, &mut w, BURST_READS as usize + 1, wait).await;
         // The next batched read raises the mark; a lone small message must
         // still arrive, released by the timeout lowering the mark.
         let t = Instant::now();
@@ -354,18 +351,10 @@ mod tests {
 
     #[tokio::test]
     async fn reaching_the_mark_wakes_the_reader_before_the_timeout() {
-        let (mut r, mut w) = pair().await;
-        if r.low_water.is_none() {
+        let Some((mut r, mut w)) = primed().await else {
             return;
-        }
+        };
         let wait = Duration::from_secs(5);
-        burst(
-            &mut r,
-            &mut w,
-            BURST_READS as usize + 1,
-            Duration::from_millis(20),
-        )
-        .await;
         // One write larger than the mark: read at once, not after 5 s.
         let msgs: Vec<u8> = (0..200).flat_map(|_| copy_data(100)).collect();
         let t = Instant::now();
@@ -383,18 +372,10 @@ mod tests {
 
     #[tokio::test]
     async fn plain_read_after_a_cancelled_batched_read_is_not_held() {
-        let (mut r, mut w) = pair().await;
-        if r.low_water.is_none() {
+        let Some((mut r, mut w)) = primed().await else {
             return;
-        }
+        };
         let wait = Duration::from_secs(30);
-        burst(
-            &mut r,
-            &mut w,
-            BURST_READS as usize + 1,
-            Duration::from_millis(20),
-        )
-        .await;
         // Cancel a batched read while the mark is up (as shutdown does) ...
         let cancelled = tokio::time::timeout(Duration::from_millis(20), r.read_batched(wait)).await;
         assert!(cancelled.is_err());

@@ -71,6 +71,15 @@ async fn next_txn(s: &mut LogicalStream) -> (Vec<i32>, Event, bool) {
     }
 }
 
+/// Reads the next transaction on the same session, checks its inserted
+/// ids and acknowledges it.
+async fn expect_txn(s: &mut LogicalStream, want: Vec<i32>, ctx: &str) {
+    let (ids, commit, reconnected) = next_txn(s).await;
+    assert!(!reconnected, "{ctx}: the session broke");
+    assert_eq!(ids, want, "{ctx}");
+    s.ack(commit.ack_lsn().unwrap());
+}
+
 fn confirmed_flush(c: &Cluster, slot: &str) -> Lsn {
     c.query(&format!(
         "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{slot}'"
@@ -580,36 +589,20 @@ fn batched_reads_lose_nothing_and_release_stragglers() {
                         base + 5001,
                         base + 5100
                     ));
-                    let (ids, commit, reconnected) = next_txn(&mut s).await;
-                    assert!(!reconnected, "{label}/{transport}: the session broke");
-                    assert_eq!(
-                        ids,
-                        ((base + 1)..=(base + 5000)).collect::<Vec<_>>(),
-                        "{label}/{transport}"
-                    );
-                    s.ack(commit.ack_lsn().unwrap());
-                    let (ids, commit, reconnected) = next_txn(&mut s).await;
-                    assert!(!reconnected, "{label}/{transport}: the session broke");
-                    assert_eq!(
-                        ids,
-                        ((base + 5001)..=(base + 5100)).collect::<Vec<_>>(),
-                        "{label}/{transport}"
-                    );
-                    s.ack(commit.ack_lsn().unwrap());
+                    let ctx = format!("{label}/{transport}");
+                    expect_txn(&mut s, ((base + 1)..=(base + 5000)).collect(), &ctx).await;
+                    expect_txn(&mut s, ((base + 5001)..=(base + 5100)).collect(), &ctx).await;
                     // Stragglers right after the burst: one small row each.
                     for k in 1..=5 {
                         let id = base + 9000 + k;
                         let t = Instant::now();
                         c.psql(&format!("INSERT INTO t VALUES ({id}, 'z')"));
-                        let (ids, commit, reconnected) = next_txn(&mut s).await;
-                        assert!(!reconnected, "{label}/{transport}: the session broke");
-                        assert_eq!(ids, vec![id], "{label}/{transport}");
-                        s.ack(commit.ack_lsn().unwrap());
+                        expect_txn(&mut s, vec![id], &ctx).await;
                         // A mark left raised would hold it until the next
                         // keepalive (wal_sender_timeout / 2 = 30 s).
                         assert!(
                             t.elapsed() < Duration::from_secs(5),
-                            "{label}/{transport}: straggler took {:?}",
+                            "{ctx}: straggler took {:?}",
                             t.elapsed()
                         );
                     }
