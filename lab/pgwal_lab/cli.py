@@ -5,6 +5,7 @@
   pgwal-lab demo                         short sync-modes + hot-counter (~3-5 min)
   pgwal-lab report RUNS.jsonl [--out D]  re-render a report from stored runs
   pgwal-lab fsync-test [--profile P]     pg_test_fsync through the shim
+  pgwal-lab proxy-test [--delays MS,..]  the delay proxy's precision and CPU cost
   pgwal-lab up [--standbys N ...]        bring a topology up and hold it
   pgwal-lab clean [--force]              remove leftovers of crashed runs
 """
@@ -214,6 +215,30 @@ def cmd_fsync_test(args) -> int:
     return 0
 
 
+def cmd_proxy_test(args) -> int:
+    """Ping-pong through the delay proxy at each delay; a markdown table (or JSON)."""
+    from . import proxy_check
+
+    try:
+        delays = [float(x) for x in args.delays.split(",") if x.strip()]
+    except ValueError:
+        raise LabError(f"--delays: expected comma-separated milliseconds, got {args.delays!r}") from None
+    if not delays or any(d < 0 or d > 1000 for d in delays):
+        raise LabError("--delays: each delay must lie in [0, 1000] ms")
+    facts = machine_facts()
+    if facts["loadavg"][0] > 0.5 * (facts["cpus"] or 1):
+        print(f"warning: load average {facts['loadavg'][0]:.1f} on {facts['cpus']} cores: "
+              "the endpoints will wait for CPU, not only the proxy", file=sys.stderr)
+    results = []
+    with proxy_check.echo_server() as echo:
+        for d in delays:
+            r = proxy_check.measure(echo, d, count=args.count)
+            print(proxy_check.summary_line(r), file=sys.stderr)
+            results.append(r)
+    print(json.dumps(results, indent=1) if args.json else proxy_check.markdown(results))
+    return 0
+
+
 def cmd_up(args) -> int:
     """Bring a topology up, print how to reach it, hold it for --hold seconds (or until Ctrl-C)."""
     from . import topology
@@ -287,6 +312,11 @@ def main(argv=None) -> int:
     f.add_argument("--dir", default="/dev/shm/pgwal-fsync-test")
     f.add_argument("-v", "--verbose", action="store_true")
     f.set_defaults(fn=cmd_fsync_test)
+    pt = sub.add_parser("proxy-test", help="the delay proxy's precision and CPU cost (ping-pong RTTs)")
+    pt.add_argument("--delays", default="0.05,1,5,10", help="one-way delays in ms (default 0.05,1,5,10)")
+    pt.add_argument("--count", type=int, help="round trips per delay (default min(400, 2000 / delay))")
+    pt.add_argument("--json", action="store_true", help="print every measurement as JSON")
+    pt.set_defaults(fn=cmd_proxy_test)
     u = sub.add_parser("up", help="bring a topology up and hold it (for manual experiments)")
     u.add_argument("--bin")
     u.add_argument("--standbys", type=int, default=1)

@@ -399,6 +399,17 @@ def _proxy_counters(cluster) -> dict:
     return out
 
 
+def _proxy_cpu(cluster) -> dict:
+    """CPU seconds used so far by each standby's delay proxy (all its threads)."""
+    out = {}
+    for s in cluster.standbys:
+        if s.proxy and s.proxy.pid:
+            c = proc_cpu_seconds(s.proxy.pid)
+            if c is not None:
+                out[s.proxy.pid] = c
+    return out
+
+
 def walsender_wal_reads(cluster) -> tuple[float | None, float | None]:
     """(reads, read bytes) of WAL by walsenders from pg_stat_io; None before PG 18."""
     try:
@@ -426,6 +437,7 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
     lsn0 = cluster.current_lsn()
     time.sleep(0.25)  # proxy counters are refreshed every 200 ms
     px0 = _proxy_counters(cluster)
+    pxcpu0 = _proxy_cpu(cluster)
     wal0 = wal_counters(p)
     sampler = ReplSampler(cluster) if cluster.standbys else None
     if sampler:
@@ -443,6 +455,7 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
         lags = sampler.stop() if sampler else {}
         wait_summary = waits.stop() if waits else {}
     elapsed = time.monotonic() - t0
+    pxcpu1 = _proxy_cpu(cluster)
     hc1 = host_cpu_times()
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     lsn1 = cluster.current_lsn()
@@ -492,6 +505,9 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
         "reply_chunks_per_s": sum(up) / (elapsed + 0.5) if up else None,
         "reply_chunks_per_txn": sum(up) / res["transactions"] if up and res.get("transactions") else None,
         "wal_chunks_per_s": sum(down) / (elapsed + 0.5) if down else None,
+        # the emulated wire's own cost (it shares the CPUs with the servers), % of one core
+        "proxy_cpu_pct": (sum(pxcpu1[k] - pxcpu0[k] for k in pxcpu1 if k in pxcpu0) / elapsed * 100
+                          if pxcpu0 and elapsed > 0 else None),
     })
     return res
 

@@ -298,14 +298,19 @@ def render(records: list[dict], out: Path, title: str | None = None) -> Path:
         for g, variants in groups.items():
             first = next(iter(variants.values()))[0]
             vc = first.get("variant_config", {})
+            envs = {v: recs[0].get("variant_config", {}).get("env") for v, recs in variants.items()}
+            if len({repr(e) for e in envs.values()}) > 1:  # environments alternate within the group
+                env_text = "per variant: " + "; ".join(f"`{v}` {e or 'default'}" for v, e in envs.items())
+            else:
+                env_text = str(vc.get("env") or "default")
             lines += [f"### {g}", "",
-                      f"Environment: {vc.get('env') or 'default'}; workload {vc.get('workload', {}).get('name')}, "
+                      f"Environment: {env_text}; workload {vc.get('workload', {}).get('name')}, "
                       f"{vc.get('clients')} clients; runs interleaved, {first.get('method', {}).get('duration')} s "
                       f"each.", "",
                       "| variant | n | TPS median | TPS mean | spread % | TPS 95% CI | lat p50 ms | lat p99 ms "
                       "| WAL B/txn | flush lag ms | replay lag ms | walsender CPU % | walreceiver CPU % "
-                      "| walsender WAL reads | replies/s |",
-                      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                      "| walsender WAL reads | replies/s | proxy CPU % |",
+                      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
             for v, recs in variants.items():
                 s = stats.summary(_vals(recs, "tps"))
                 lo, hi = stats.bootstrap_median_ci(_vals(recs, "tps")) if s["n"] else (None, None)
@@ -315,7 +320,8 @@ def render(records: list[dict], out: Path, title: str | None = None) -> Path:
                     f"{_fmt(_med(recs, 'lat_p99_ms'), 2)} | {_fmt(_med(recs, 'wal_bytes_per_txn'), 0)} | "
                     f"{_fmt(_med(recs, 'flush_lag_ms_mean'), 2)} | {_fmt(_med(recs, 'replay_lag_ms_mean'), 2)} | "
                     f"{_fmt(_med(recs, 'walsender_cpu_pct'))} | {_fmt(_med(recs, 'walreceiver_cpu_pct'))} | "
-                    f"{_fmt(_med(recs, 'walsender_wal_reads'), 0)} | {_fmt(_med(recs, 'reply_chunks_per_s'), 0)} |")
+                    f"{_fmt(_med(recs, 'walsender_wal_reads'), 0)} | {_fmt(_med(recs, 'reply_chunks_per_s'), 0)} | "
+                    f"{_fmt(_med(recs, 'proxy_cpu_pct'))} |")
             lines += wal_wait_section(variants)
             changed = sum(1 for recs in variants.values() for r in recs if r["metrics"].get("repl_process_changes"))
             if changed:

@@ -10,62 +10,26 @@ ping and echo endpoints, not the proxy: on a loaded CI machine they wait
 for CPU, and on this VM an endpoint that sat idle for the whole delay
 wakes up later the longer it slept (measured at d = 5 ms: excess
 0.42-0.66 ms while the proxy's lateness p50 stayed at 0.06-0.07 ms)."""
-import json
 import os
 import socket
-import subprocess
 import time
 
 import pytest
 
-from pgwal_lab import netem
-from pgwal_lab.util import free_port, proc_cpu_seconds
+from pgwal_lab import netem, proxy_check
 
 TOLERANCE_MS = 0.3
 
 
 @pytest.fixture
 def echo(netdelay):
-    port = free_port()
-    p = subprocess.Popen([str(netdelay), "echo", "--listen", f"127.0.0.1:{port}"])
-    time.sleep(0.2)
-    yield f"127.0.0.1:{port}"
-    p.terminate()
-    p.wait(5)
+    with proxy_check.echo_server() as addr:
+        yield addr
 
 
-def ping(netdelay, target, count=400, size=64):
-    out = subprocess.run([str(netdelay), "ping", "--target", target, "--count", str(count), "--size", str(size),
-                          "--duration-s", "20"], capture_output=True, text=True, timeout=60, check=True).stdout
-    return json.loads(out)
-
-
-def measure(netdelay, echo, delay_ms):
-    base = ping(netdelay, echo, count=300)
-    proxy = netem.Proxy(netem.profile(f"delay={delay_ms}"), echo, tag=f"test-{os.getpid()}").start()
-    try:
-        cpu0 = proc_cpu_seconds(proxy.pid)
-        t0 = time.monotonic()
-        r = ping(netdelay, f"127.0.0.1:{proxy.port}", count=int(min(400, 2000 / delay_ms)))
-        wall = time.monotonic() - t0
-        cpu = proc_cpu_seconds(proxy.pid) - cpu0
-        time.sleep(0.2)  # the proxy reports lateness when the connection closes
-        late = proxy.lateness()
-        deadline = time.monotonic() + 5  # the counter file is rewritten every 200 ms
-        while True:
-            r["counters"] = proxy.counters()
-            if (r["counters"] and r["counters"]["up_chunks"] >= r["count"]) or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-    finally:
-        proxy.stop()
-    r["excess_us"] = r["p50_us"] - 2 * delay_ms * 1000
-    r["direct_p50_us"] = base["p50_us"]
-    r["cpu_pct"] = cpu / wall * 100
-    r["lateness"] = late
-    print(f"\ndelay {delay_ms} ms: direct p50 {base['p50_us']} us; proxied p50 {r['p50_us']} us p99 {r['p99_us']} us "
-          f"min {r['min_us']} us; excess over 2d {r['excess_us']:.1f} us; proxy CPU {r['cpu_pct']:.1f}% of one core; "
-          f"release lateness {late}")
+def measure(echo, delay_ms):
+    r = proxy_check.measure(echo, delay_ms, tag=f"test-{os.getpid()}")
+    print("\n" + proxy_check.summary_line(r))
     return r
 
 
@@ -74,7 +38,7 @@ def test_proxy_adds_configured_delay(netdelay, echo, delay_ms):
     # best of up to 3 attempts: a machine saturated by compilers delays the
     # ping/echo endpoints too, which is not the proxy's error
     for attempt in range(3):
-        r = measure(netdelay, echo, delay_ms)
+        r = measure(echo, delay_ms)
         assert r["min_us"] >= 2 * delay_ms * 1000, "a packet was released early"
         assert r["lateness"], "proxy reported no release lateness"
         # every ping is at least one chunk each way (the stats file lags <= 200 ms)
@@ -126,3 +90,23 @@ def test_proxy_bandwidth_limit(netdelay, echo):
         assert elapsed < 2.0
     finally:
         proxy.stop()
+
+
+def test_proxy_test_command_prints_a_row_per_delay(netdelay, capsys):
+    from pgwal_lab import cli
+
+    assert cli.main(["proxy-test", "--delays", "0,1", "--count", "50"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert [line.split("|")[1].strip() for line in table[2:]] == ["0 ms", "1 ms"]
+    # the 1 ms row: median RTT at least 2 ms, release lateness measured
+    cells = [c.strip() for c in table[3].split("|")]
+    assert int(cells[3].split(" ")[0]) >= 2000
+    assert cells[5] != "n/a"
+
+
+@pytest.mark.parametrize("delays", ["abc", "-1", ""])
+def test_proxy_test_command_rejects_bad_delays(delays, capsys):
+    from pgwal_lab import cli
+
+    assert cli.main(["proxy-test", "--delays", delays]) == 1
+    assert "--delays" in capsys.readouterr().err
