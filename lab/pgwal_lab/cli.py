@@ -68,6 +68,14 @@ def tool_versions(bin_dir: Path) -> dict:
     return out
 
 
+def busy_warning(facts: dict) -> str | None:
+    """Why measurements taken now are suspect (1-minute load above half the cores), or None."""
+    load, cpus = facts["loadavg"][0], facts["cpus"] or 1
+    if load > 0.5 * cpus:
+        return f"load average {load:.1f} on {cpus} cores: other work competes for the CPUs"
+    return None
+
+
 def run_scenario(name: str, bin_dir: Path, overrides: dict, smoke: bool, results: Path,
                  max_minutes: float | None = None, quiet: bool = False,
                  write_report: bool = True) -> tuple[list[dict], Path]:
@@ -87,9 +95,8 @@ def run_scenario(name: str, bin_dir: Path, overrides: dict, smoke: bool, results
     store = Store(results / "runs.jsonl")
     console = Console(stderr=True, quiet=quiet)
     facts = machine_facts()
-    if facts["loadavg"][0] > 0.5 * (facts["cpus"] or 1):
-        console.log(f"[yellow]warning: load average {facts['loadavg'][0]:.1f} on {facts['cpus']} cores: "
-                    "other work competes for the CPUs, numbers will not be trustworthy")
+    if busy := busy_warning(facts):
+        console.log(f"[yellow]warning: {busy}, numbers will not be trustworthy")
     common = {"machine": facts, "bin_dir": str(bin_dir), "smoke": smoke,
               "versions": tool_versions(bin_dir)}
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -225,10 +232,8 @@ def cmd_proxy_test(args) -> int:
         raise LabError(f"--delays: expected comma-separated milliseconds, got {args.delays!r}") from None
     if not delays or any(d < 0 or d > 1000 for d in delays):
         raise LabError("--delays: each delay must lie in [0, 1000] ms")
-    facts = machine_facts()
-    if facts["loadavg"][0] > 0.5 * (facts["cpus"] or 1):
-        print(f"warning: load average {facts['loadavg'][0]:.1f} on {facts['cpus']} cores: "
-              "the endpoints will wait for CPU, not only the proxy", file=sys.stderr)
+    if busy := busy_warning(machine_facts()):
+        print(f"warning: {busy}: the endpoints will wait for CPU, not only the proxy", file=sys.stderr)
     results = []
     with proxy_check.echo_server() as echo:
         for d in delays:

@@ -26,6 +26,10 @@ def test_scenario_smoke(name, pg_bin, tmp_path):
             assert m["wal_fsyncs_per_txn"] is not None
             assert m["wait_samples"] > 0 and m["writer_waits"]
             assert m["host_cpu_busy_pct"] is not None and m["pgbench_cpu_pct"] > 0
+            if name == "sync-modes":  # lan-fast: the standby's link runs through the delay proxy
+                assert m["proxy_cpu_pct"] is not None and m["proxy_cpu_pct"] > 0
+            elif name == "hot-counter":  # primary alone: no proxy to measure
+                assert m["proxy_cpu_pct"] is None
     text = (out / "report.md").read_text()
     assert f"## {name}" in text
     assert list(out.glob("*.png"))
