@@ -25,6 +25,9 @@ from . import cleanup, disk, netem, report, scenarios, shim
 from .store import Store, machine_facts
 from .util import LAB_DIR, LabError, default_pg_bin, run
 
+# Longest wait for the load of a preceding benchmark to decay before a scenario starts.
+QUIET_WAIT_S = 180.0
+
 
 def _parse_value(v: str):
     try:
@@ -68,6 +71,25 @@ def tool_versions(bin_dir: Path) -> dict:
     return out
 
 
+def wait_until_quiet(max_seconds: float, log=None, poll: float = 5.0) -> float:
+    """Wait (at most max_seconds) for the 1-minute load average to fall to
+    half the cores; returns the seconds waited.  The load average decays with
+    a one-minute time constant, so right after another benchmark (e.g. the
+    previous group of a series) it reads "busy" for a minute or two although
+    nothing runs any more; waiting that out keeps the start-of-run facts and
+    the report's busy warning about real competition."""
+    cpus = os.cpu_count() or 1
+    start = time.monotonic()
+    told = False
+    while os.getloadavg()[0] > 0.5 * cpus and time.monotonic() - start < max_seconds:
+        if log and not told:
+            log(f"load average {os.getloadavg()[0]:.1f} on {cpus} cores: waiting up to "
+                f"{max_seconds:.0f} s for it to settle")
+            told = True
+        time.sleep(poll)
+    return time.monotonic() - start
+
+
 def busy_warning(facts: dict) -> str | None:
     """Why measurements taken now are suspect (1-minute load above half the cores), or None."""
     load, cpus = facts["loadavg"][0], facts["cpus"] or 1
@@ -94,6 +116,8 @@ def run_scenario(name: str, bin_dir: Path, overrides: dict, smoke: bool, results
     results.mkdir(parents=True, exist_ok=True)
     store = Store(results / "runs.jsonl")
     console = Console(stderr=True, quiet=quiet)
+    if not smoke:
+        wait_until_quiet(QUIET_WAIT_S, console.log)
     facts = machine_facts()
     if busy := busy_warning(facts):
         console.log(f"[yellow]warning: {busy}, numbers will not be trustworthy")

@@ -16,6 +16,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402,F401
 import numpy as np  # noqa: E402
 
 from . import stats  # noqa: E402
@@ -45,12 +46,32 @@ def group_records(records):
     return out
 
 
+def _hosts(records) -> list[str]:
+    """One line per distinct machine among the records, told apart by the
+    kernel build string (it changes when the VM moves to another host), with
+    the range of the single-core probe where recorded and the groups run there."""
+    seen: dict = {}
+    for x in records:
+        m = x.get("machine", {})
+        entry = seen.setdefault(m.get("kernel"), (set(), []))
+        entry[0].add(str(x.get("group")))
+        if m.get("cpu_probe_mb_s"):
+            entry[1].append(m["cpu_probe_mb_s"])
+    out = []
+    for kernel, (groups, probes) in seen.items():
+        speed = f", probe {min(probes):,.0f}–{max(probes):,.0f} MB/s" if probes else ""
+        out.append(f"kernel {kernel}{speed}: {', '.join(sorted(groups))}")
+    return out
+
+
 def machine_section(records) -> list[str]:
     r = records[0]
     m = r.get("machine", {})
     lines = ["## Machine and versions", ""]
     for k in ("os", "kernel", "cpu", "cpus", "mem_gib", "python", "repo_commit"):
         lines.append(f"- {k}: {m.get(k)}")
+    probe = m.get("cpu_probe_mb_s")
+    lines.append(f"- single-core probe (SHA-256): {f'{probe:,.0f} MB/s' if probe else 'not recorded'}")
     lines.append(f"- server: {r.get('server_version')}")
     lines.append(f"- bin dir: {r.get('bin_dir')}")
     lines.append(f"- load average at start: {m.get('loadavg')}")
@@ -64,14 +85,41 @@ def machine_section(records) -> list[str]:
         lines += [f"**Warning: the machine was busy before the scenario started (1-minute load average up to "
                   f"{worst:.1f} on {m.get('cpus')} cores; {len(busy)} of {len(records)} runs affected). Other work "
                   "competed for the CPUs: treat these numbers as indicative, not as results.**", ""]
+    hosts = _hosts(records)
+    if len(hosts) > 1:
+        lines += ["**These runs were made in " + f"{len({x.get('run_id') for x in records})} invocations on "
+                  f"{len(hosts)} different machines (" + "; ".join(hosts) + "). Each group's variants ran "
+                  "interleaved in one invocation, so comparisons within a group hold; numbers from "
+                  "different groups may differ because the machine did.**", ""]
     if any(x.get("smoke") for x in records):
         lines += ["**Smoke run: seconds-long runs that check the lab works; not a measurement.**", ""]
     return lines
 
 
+def _log_scale(ax, values: list[float]) -> bool:
+    """Log y axis when the bars span more than 20x, so the small ones stay
+    readable next to e.g. `off`."""
+    pos = [v for v in values if v > 0]
+    if pos and max(pos) / min(pos) > 20:
+        ax.set_yscale("log", nonpositive="clip")
+        # bars start at the power of ten below the smallest, so every bar shows
+        ax.set_ylim(bottom=10 ** math.floor(math.log10(min(pos))))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        return True
+    return False
+
+
+def _variant_ticks(ax, x, names: list[str]) -> None:
+    """Variant names under the bars; slanted and right-aligned when there are
+    many, so long names such as `remote_write+fw` do not overlap."""
+    many = len(names) > 5
+    ax.set_xticks(x, names, fontsize=8, rotation=35 if many else 20, ha="right" if many else "center",
+                  rotation_mode="anchor" if many else "default")
+
+
 def tps_plot(scenario: str, groups: dict, out: Path) -> Path:
     n = len(groups)
-    fig, axes = plt.subplots(n, 2, figsize=(11, 2.8 * n + 0.6), squeeze=False)
+    fig, axes = plt.subplots(n, 2, figsize=(11, 3.2 * n + 0.6), squeeze=False)
     for i, (g, variants) in enumerate(groups.items()):
         names = list(variants)
         med = []
@@ -83,18 +131,20 @@ def tps_plot(scenario: str, groups: dict, out: Path) -> Path:
             med.append(m)
             err[0].append(max(0.0, m - lo))
             err[1].append(max(0.0, hi - m))
-        ax = axes[i][0]
-        ax.bar(names, med, yerr=err, capsize=4, color="#4878a8")
-        ax.set_title(f"{g}: TPS (median, 95% CI)", fontsize=9)
-        ax.tick_params(axis="x", labelsize=8, rotation=20)
-        ax = axes[i][1]
         x = np.arange(len(names))
+        ax = axes[i][0]
+        ax.bar(x, med, yerr=err, capsize=4, color="#4878a8")
+        log = _log_scale(ax, med)
+        ax.set_title(f"{g}: TPS (median, 95% CI{', log scale' if log else ''})", fontsize=9)
+        _variant_ticks(ax, x, names)
+        ax = axes[i][1]
         p50 = [_med(variants[v], "lat_p50_ms") or 0 for v in names]
         p99 = [_med(variants[v], "lat_p99_ms") or 0 for v in names]
         ax.bar(x - 0.2, p50, 0.4, label="p50")
         ax.bar(x + 0.2, p99, 0.4, label="p99")
-        ax.set_xticks(x, names, fontsize=8, rotation=20)
-        ax.set_title(f"{g}: latency ms (median of runs)", fontsize=9)
+        log = _log_scale(ax, p50 + p99)
+        _variant_ticks(ax, x, names)
+        ax.set_title(f"{g}: latency ms (median of runs{', log scale' if log else ''})", fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout()
     path = out / f"{scenario}.png"

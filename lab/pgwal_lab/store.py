@@ -3,6 +3,7 @@ versions and machine facts, so a report can be regenerated from it alone."""
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import os
 import platform
@@ -17,6 +18,22 @@ def _read(path: str) -> str:
         return Path(path).read_text()
     except OSError:
         return ""
+
+
+def cpu_probe_mb_s(mib: int = 32, rounds: int = 3) -> float:
+    """Single-core speed: SHA-256 throughput in MB/s, best of `rounds`.
+    The model name of a VM's CPU says little (two hosts both report "AMD
+    EPYC"), so every scenario records this ~0.1 s probe: runs made on
+    different hosts can then be told apart before they are compared."""
+    import time
+
+    buf = bytes(range(256)) * (mib * 4096)
+    best = 0.0
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        hashlib.sha256(buf).digest()
+        best = max(best, len(buf) / 1e6 / (time.perf_counter() - t0))
+    return round(best, 1)
 
 
 def machine_facts() -> dict:
@@ -43,6 +60,7 @@ def machine_facts() -> dict:
         "repo_commit": commit,
         "proxy": proxy,
         "euid": os.geteuid(),
+        "cpu_probe_mb_s": cpu_probe_mb_s(),
     }
 
 
