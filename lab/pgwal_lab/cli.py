@@ -100,7 +100,7 @@ def busy_warning(facts: dict) -> str | None:
 
 def run_scenario(name: str, bin_dir: Path, overrides: dict, smoke: bool, results: Path,
                  max_minutes: float | None = None, quiet: bool = False,
-                 write_report: bool = True) -> tuple[list[dict], Path]:
+                 write_report: bool = True, quiet_wait: float = QUIET_WAIT_S) -> tuple[list[dict], Path]:
     """Run a scenario; returns (records, results dir).  Without max_minutes
     the time limit is 1.5 x the estimate (at least 10 minutes)."""
     from rich.console import Console
@@ -116,8 +116,8 @@ def run_scenario(name: str, bin_dir: Path, overrides: dict, smoke: bool, results
     results.mkdir(parents=True, exist_ok=True)
     store = Store(results / "runs.jsonl")
     console = Console(stderr=True, quiet=quiet)
-    if not smoke:
-        wait_until_quiet(QUIET_WAIT_S, console.log)
+    if not smoke and quiet_wait > 0:
+        wait_until_quiet(quiet_wait, console.log)
     facts = machine_facts()
     if busy := busy_warning(facts):
         console.log(f"[yellow]warning: {busy}, numbers will not be trustworthy")
@@ -170,7 +170,8 @@ def cmd_run(args) -> int:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     results = Path(args.results) if args.results else LAB_DIR / "results" / f"{args.scenario}-{stamp}"
     try:
-        run_scenario(args.scenario, bin_dir, overrides, args.smoke, results, args.max_minutes)
+        run_scenario(args.scenario, bin_dir, overrides, args.smoke, results, args.max_minutes,
+                     quiet_wait=args.quiet_wait)
     except KeyboardInterrupt:
         print("interrupted: cluster torn down", file=sys.stderr)
         return 130
@@ -205,7 +206,9 @@ def cmd_demo(args) -> int:
     results = Path(args.results) if args.results else LAB_DIR / "results" / f"demo-{stamp}"
     try:
         for name, params in DEMO.items():
-            run_scenario(name, bin_dir, params, False, results, max_minutes=10, write_report=False)
+            # short, indicative runs: no waiting for the load to settle
+            run_scenario(name, bin_dir, params, False, results, max_minutes=10, write_report=False,
+                         quiet_wait=0)
     except KeyboardInterrupt:
         print("interrupted: cluster torn down", file=sys.stderr)
         return 130
@@ -322,6 +325,9 @@ def main(argv=None) -> int:
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a scenario parameter (JSON or comma list), e.g. --set clients=8,64")
     r.add_argument("--results", help="results directory (default lab/results/SCENARIO-TIME)")
+    r.add_argument("--quiet-wait", type=float, default=QUIET_WAIT_S, metavar="SECONDS",
+                   help="wait at most this long for the 1-minute load average to fall to half the cores "
+                        "before starting (0: start at once; default %(default)s)")
     r.add_argument("--max-minutes", type=float,
                    help="hard time limit for the scenario (default: 1.5 x the estimate, at least 10 min)")
     r.add_argument("--no-print", action="store_true")

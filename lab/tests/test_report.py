@@ -45,3 +45,10 @@ def test_log_scale_only_for_wide_ranges():
     assert report._log_scale(ax2, [2300.0, 1900.0, 0.0]) is False
     assert ax2.get_yscale() == "linear"
     plt.close(fig)
+
+
+def test_wait_until_quiet_is_bounded():
+    from pgwal_lab.cli import wait_until_quiet
+
+    waited = wait_until_quiet(0.3, poll=0.05)
+    assert 0 <= waited < 1.5  # returns at once when quiet, after ~0.3 s when busy
