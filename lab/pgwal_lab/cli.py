@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from . import cleanup, disk, netem, report, scenarios, shim
-from .store import Store, machine_facts
+from .store import Store, is_busy, machine_facts
 from .util import LAB_DIR, LabError, default_pg_bin, run
 
 # Longest wait for the load of a preceding benchmark to decay before a scenario starts.
@@ -81,7 +81,7 @@ def wait_until_quiet(max_seconds: float, log=None, poll: float = 5.0) -> float:
     cpus = os.cpu_count() or 1
     start = time.monotonic()
     told = False
-    while os.getloadavg()[0] > 0.5 * cpus and time.monotonic() - start < max_seconds:
+    while is_busy(os.getloadavg()[0], cpus) and time.monotonic() - start < max_seconds:
         if log and not told:
             log(f"load average {os.getloadavg()[0]:.1f} on {cpus} cores: waiting up to "
                 f"{max_seconds:.0f} s for it to settle")
@@ -93,7 +93,7 @@ def wait_until_quiet(max_seconds: float, log=None, poll: float = 5.0) -> float:
 def busy_warning(facts: dict) -> str | None:
     """Why measurements taken now are suspect (1-minute load above half the cores), or None."""
     load, cpus = facts["loadavg"][0], facts["cpus"] or 1
-    if load > 0.5 * cpus:
+    if is_busy(load, cpus):
         return f"load average {load:.1f} on {cpus} cores: other work competes for the CPUs"
     return None
 

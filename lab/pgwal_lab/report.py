@@ -20,6 +20,7 @@ import matplotlib.ticker  # noqa: E402,F401
 import numpy as np  # noqa: E402
 
 from . import stats  # noqa: E402
+from .store import is_busy  # noqa: E402
 
 
 def _fmt(v, nd=1) -> str:
@@ -79,7 +80,8 @@ def machine_section(records) -> list[str]:
     meth = r.get("method", {})
     lines.append(f"- method: {meth}")
     lines.append("")
-    busy = [x for x in records if (x.get("machine", {}).get("loadavg") or [0])[0] > 0.5 * (x.get("machine", {}).get("cpus") or 1)]
+    busy = [x for x in records
+            if is_busy((x.get("machine", {}).get("loadavg") or [0])[0], x.get("machine", {}).get("cpus"))]
     if busy:
         worst = max(x["machine"]["loadavg"][0] for x in busy)
         lines += [f"**Warning: the machine was busy before the scenario started (1-minute load average up to "

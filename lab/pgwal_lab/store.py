@@ -20,6 +20,11 @@ def _read(path: str) -> str:
         return ""
 
 
+def is_busy(load: float, cpus: int | None) -> bool:
+    """The lab's one definition of a busy machine: 1-minute load above half the cores."""
+    return load > 0.5 * (cpus or 1)
+
+
 def cpu_probe_mb_s(mib: int = 32, rounds: int = 3) -> float:
     """Single-core speed: SHA-256 throughput in MB/s, best of `rounds`.
     The model name of a VM's CPU says little (two hosts both report "AMD
