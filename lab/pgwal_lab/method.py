@@ -30,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .util import LabError, host_cpu_times, proc_cpu_seconds
+from .util import LabError, cpu_share_pct, host_cpu_times, proc_cpu_seconds
 from .workloads import Workload, run_pgbench
 
 
@@ -482,8 +482,9 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
     # pgbench processes of this run (children reaped during it), % of one core
     res["pgbench_cpu_pct"] = ((ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime) / elapsed * 100
                               if elapsed > 0 else None)
-    res["host_cpu_busy_pct"] = ((hc1[0] - hc0[0]) / (hc1[1] - hc0[1]) * 100
-                                if hc0 and hc1 and hc1[1] > hc0[1] else None)
+    res["host_cpu_busy_pct"] = cpu_share_pct(hc0, hc1, "busy")
+    # a VM's lost time: a host that runs other guests on our cores shows here
+    res["host_cpu_steal_pct"] = cpu_share_pct(hc0, hc1, "steal")
     res.update(wal_counter_deltas(wal0, wal1, res.get("transactions")))
     res.update({
         "elapsed_s": elapsed,

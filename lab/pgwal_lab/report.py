@@ -20,7 +20,7 @@ import matplotlib.ticker  # noqa: E402,F401
 import numpy as np  # noqa: E402
 
 from . import stats  # noqa: E402
-from .store import is_busy  # noqa: E402
+from .store import cpu_label, is_busy  # noqa: E402
 
 
 def _fmt(v, nd=1) -> str:
@@ -49,19 +49,21 @@ def group_records(records):
 
 def _hosts(records) -> list[str]:
     """One line per distinct machine among the records, told apart by the
-    kernel build string (it changes when the VM moves to another host), with
-    the range of the single-core probe where recorded and the groups run there."""
+    kernel build string (it changes when the VM moves to another host) and
+    the CPU's family and model where recorded, with the range of the
+    single-core probe where recorded and the groups run there."""
     seen: dict = {}
     for x in records:
         m = x.get("machine", {})
-        entry = seen.setdefault(m.get("kernel"), (set(), []))
+        entry = seen.setdefault((m.get("kernel"), cpu_label(m)), (set(), []))
         entry[0].add(str(x.get("group")))
         if m.get("cpu_probe_mb_s"):
             entry[1].append(m["cpu_probe_mb_s"])
     out = []
-    for kernel, (groups, probes) in seen.items():
+    for (kernel, label), (groups, probes) in seen.items():
+        cpu = f" ({label})" if label else ""
         speed = f", probe {min(probes):,.0f}–{max(probes):,.0f} MB/s" if probes else ""
-        out.append(f"kernel {kernel}{speed}: {', '.join(sorted(groups))}")
+        out.append(f"kernel {kernel}{cpu}{speed}: {', '.join(sorted(groups))}")
     return out
 
 
@@ -71,6 +73,8 @@ def machine_section(records) -> list[str]:
     lines = ["## Machine and versions", ""]
     for k in ("os", "kernel", "cpu", "cpus", "mem_gib", "python", "repo_commit"):
         lines.append(f"- {k}: {m.get(k)}")
+    if m.get("cpu_family") is not None:
+        lines.append(f"- cpu id: {cpu_label(m)} stepping {m.get('cpu_stepping')}, microcode {m.get('cpu_microcode')}")
     probe = m.get("cpu_probe_mb_s")
     lines.append(f"- single-core probe (SHA-256): {f'{probe:,.0f} MB/s' if probe else 'not recorded'}")
     lines.append(f"- server: {r.get('server_version')}")
@@ -308,15 +312,16 @@ def wal_wait_section(variants: dict) -> list[str]:
         return []
     lines = ["", "WAL I/O per writer transaction and where the clients were (medians over runs; waits: mean share "
              "of pg_stat_activity samples of the writer clients, `idle` = waiting for pgbench's next "
-             "statement; CPU: whole machine and the pgbench processes, % of one core):", "",
+             "statement; CPU: whole machine busy and stolen by the hypervisor, % of all CPU time, and the "
+             "pgbench processes, % of one core):", "",
              "| variant | WAL fsyncs/txn | txn per fsync | fsyncs/txn by backend | WAL writes/txn | WAL records/txn "
-             "| FPI/txn | wal_buffers_full | machine CPU busy % | pgbench CPU % | writer waits |",
+             "| FPI/txn | wal_buffers_full | machine CPU busy / steal % | pgbench CPU % | writer waits |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for v, recs in variants.items():
         lines.append(f"| {v} | {_fmt(_med(recs, 'wal_fsyncs_per_txn'), 4)} | {_fmt(_med(recs, 'txn_per_wal_fsync'), 1)} "
                      f"| {fsyncs_by_backend(recs)} | {_fmt(_med(recs, 'wal_writes_per_txn'), 4)} "
                      f"| {_fmt(_med(recs, 'wal_records_per_txn'), 2)} | {_fmt(_med(recs, 'wal_fpi_per_txn'), 4)} "
-                     f"| {_fmt(_med(recs, 'stat_wal_buffers_full'), 0)} | {_fmt(_med(recs, 'host_cpu_busy_pct'), 0)} "
+                     f"| {_fmt(_med(recs, 'stat_wal_buffers_full'), 0)} | {_fmt(_med(recs, 'host_cpu_busy_pct'), 0)} / {_fmt(_med(recs, 'host_cpu_steal_pct'), 1)} "
                      f"| {_fmt(_med(recs, 'pgbench_cpu_pct'), 0)} | {top_waits(recs)} |")
     if any(r["metrics"].get("read_tps") is not None for recs in variants.values() for r in recs):
         lines += ["", "Reader clients (second pgbench, `SELECT` of the counter):", "",

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 LAB_DIR = Path(__file__).resolve().parent.parent
 REPO = LAB_DIR.parent
@@ -117,14 +118,37 @@ def proc_cpu_seconds(pid: int) -> float | None:
         return None
 
 
-def host_cpu_times() -> tuple[float, float] | None:
-    """(busy, total) jiffies of all CPUs from /proc/stat (busy = total - idle - iowait)."""
+class CpuTimes(NamedTuple):
+    """Jiffies of all CPUs together, from the first line of /proc/stat."""
+    busy: float  # total - idle - iowait
+    total: float
+    steal: float  # time the hypervisor ran something else while this VM wanted the CPU
+
+
+def parse_cpu_times(stat_text: str) -> CpuTimes:
+    """Parse the aggregate `cpu` line of /proc/stat (raises ValueError if absent)."""
+    line = stat_text.splitlines()[0] if stat_text else ""
+    if not line.startswith("cpu "):
+        raise ValueError("no aggregate cpu line")
+    f = [int(x) for x in line.split()[1:]]
+    f += [0] * (8 - len(f))
+    total = sum(f[:8])  # user nice system idle iowait irq softirq steal (guest is in user)
+    return CpuTimes(float(total - f[3] - f[4]), float(total), float(f[7]))
+
+
+def host_cpu_times() -> CpuTimes | None:
+    """The machine's CPU times now, or None where /proc/stat cannot be read."""
     try:
-        f = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-        total = sum(f[:8])  # user nice system idle iowait irq softirq steal (guest is in user)
-        return float(total - f[3] - f[4]), float(total)
-    except (OSError, IndexError, ValueError):
+        return parse_cpu_times(Path("/proc/stat").read_text())
+    except (OSError, ValueError):
         return None
+
+
+def cpu_share_pct(before: CpuTimes | None, after: CpuTimes | None, field: str) -> float | None:
+    """`field` ("busy" or "steal") as % of all CPU time between two readings."""
+    if not before or not after or after.total <= before.total:
+        return None
+    return (getattr(after, field) - getattr(before, field)) / (after.total - before.total) * 100
 
 
 def netdelay_binary() -> Path:

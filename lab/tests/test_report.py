@@ -1,11 +1,26 @@
 """Report helpers on synthetic records (no server needed)."""
 import matplotlib
+import pytest
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from pgwal_lab import report  # noqa: E402
-from pgwal_lab.store import cpu_probe_mb_s  # noqa: E402
+from pgwal_lab.store import cpu_identity, cpu_label, cpu_probe_mb_s  # noqa: E402
+from pgwal_lab.util import CpuTimes, cpu_share_pct, parse_cpu_times  # noqa: E402
+
+CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 26
+model\t\t: 2
+model name\t: AMD EPYC
+stepping\t: 1
+microcode\t: 0xb002116
+
+processor\t: 1
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+"""
 
 
 def _rec(group, kernel, probe=None, run_id="r1"):
@@ -31,6 +46,38 @@ def test_two_machines_are_named_with_their_groups():
     text = "\n".join(report.machine_section(recs))
     assert "2 invocations on 2 different machines" in text
     assert "not recorded" in text  # the first record predates the probe
+
+
+def test_same_kernel_other_cpu_is_another_machine():
+    zen5 = cpu_identity(CPUINFO)
+    a, b = _rec("g1", "k1", 2000.0, run_id="a"), _rec("g2", "k1", 1500.0, run_id="b")
+    a["machine"].update(zen5)
+    b["machine"].update(zen5, cpu_family=25, cpu_model=17)
+    assert report._hosts([a, b]) == ["kernel k1 (AMD family 26 model 2), probe 2,000–2,000 MB/s: g1",
+                                     "kernel k1 (AMD family 25 model 17), probe 1,500–1,500 MB/s: g2"]
+    assert "- cpu id: AMD family 26 model 2 stepping 1, microcode 0xb002116" in report.machine_section([a])
+
+
+def test_cpu_identity_reads_the_first_cpu_only():
+    assert cpu_identity(CPUINFO) == {"cpu_vendor": "AuthenticAMD", "cpu_family": 26, "cpu_model": 2,
+                                     "cpu_stepping": 1, "cpu_microcode": "0xb002116"}
+    assert cpu_identity("") == {}
+    assert cpu_label({}) is None
+    assert cpu_identity(open("/proc/cpuinfo").read()).get("cpu_family") is not None
+
+
+def test_cpu_times_busy_and_steal():
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    before = parse_cpu_times("cpu  100 0 50 800 10 0 5 35 7 0\ncpu0 1 2 3\n")
+    assert before == CpuTimes(busy=190.0, total=1000.0, steal=35.0)
+    after = parse_cpu_times("cpu  200 0 100 1500 10 0 10 180 9 0\n")
+    assert parse_cpu_times("cpu  200 0 100 1500 10 0 10 180 9 0").busy == 490.0
+    assert cpu_share_pct(before, after, "busy") == pytest.approx(30.0)
+    assert cpu_share_pct(before, after, "steal") == pytest.approx(14.5)
+    assert cpu_share_pct(after, before, "steal") is None  # time does not run backwards
+    assert cpu_share_pct(None, after, "busy") is None
+    # kernels before 2.6.11 have no steal field: counted as none
+    assert parse_cpu_times("cpu  1 2 3 4 5 6 7\n").steal == 0.0
 
 
 def test_cpu_probe_is_positive():
