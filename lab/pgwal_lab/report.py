@@ -47,6 +47,14 @@ def group_records(records):
     return out
 
 
+def _natural(text: str) -> list:
+    """Sort key that orders "fsync 10 ms" after "fsync 1 ms" and "8 clients" before "32 clients"."""
+    import re
+
+    return [(0, float(t), "") if t[:1].isdigit() else (1, 0.0, t)
+            for t in re.findall(r"\d+(?:\.\d+)?|\D+", text)]
+
+
 def _hosts(records) -> list[str]:
     """One line per distinct machine among the records, told apart by the
     kernel build string (it changes when the VM moves to another host) and
@@ -63,7 +71,7 @@ def _hosts(records) -> list[str]:
     for (kernel, label), (groups, probes) in seen.items():
         cpu = f" ({label})" if label else ""
         speed = f", probe {min(probes):,.0f}–{max(probes):,.0f} MB/s" if probes else ""
-        out.append(f"kernel {kernel}{cpu}{speed}: {', '.join(sorted(groups))}")
+        out.append(f"kernel {kernel}{cpu}{speed}: {'; '.join(sorted(groups, key=_natural))}")
     return out
 
 
@@ -94,9 +102,10 @@ def machine_section(records) -> list[str]:
     hosts = _hosts(records)
     if len(hosts) > 1:
         lines += ["**These runs were made in " + f"{len({x.get('run_id') for x in records})} invocations on "
-                  f"{len(hosts)} different machines (" + "; ".join(hosts) + "). Each group's variants ran "
+                  f"{len(hosts)} different machines. Each group's variants ran "
                   "interleaved in one invocation, so comparisons within a group hold; numbers from "
                   "different groups may differ because the machine did.**", ""]
+        lines += [f"- {h}" for h in hosts] + [""]
     if any(x.get("smoke") for x in records):
         lines += ["**Smoke run: seconds-long runs that check the lab works; not a measurement.**", ""]
     return lines
@@ -159,9 +168,20 @@ def tps_plot(scenario: str, groups: dict, out: Path) -> Path:
     return path
 
 
+def _host_key(record: dict) -> tuple:
+    m = record.get("machine", {})
+    return m.get("kernel"), cpu_label(m)
+
+
 def hot_counter_plot(groups: dict, out: Path, scenario: str = "hot-counter") -> Path | None:
     """TPS (median, 95% CI) against clients, one panel per fsync latency, one
-    line per level (groups without reader clients only)."""
+    line per level (groups without reader clients only).  A point measured on
+    another machine than most of the figure gets a hollow marker, so a line
+    that joins two machines is not read as one curve."""
+    from collections import Counter
+
+    hosts = Counter(_host_key(r) for variants in groups.values() for recs in variants.values() for r in recs)
+    usual = hosts.most_common(1)[0][0] if hosts else None
     series: dict = {}
     for variants in groups.values():
         for v, recs in variants.items():
@@ -172,10 +192,14 @@ def hot_counter_plot(groups: dict, out: Path, scenario: str = "hot-counter") -> 
     if not series:
         return None
     fig, axes = plt.subplots(1, len(series), figsize=(4.2 * len(series) + 0.5, 3.4), squeeze=False)
+    order = list(dict.fromkeys(level for levels in series.values() for level in levels))
+    color = {level: f"C{i % 10}" for i, level in enumerate(order)}  # one colour per level in every panel
+    elsewhere = set()
     for ax, (fs, levels) in zip(axes[0], sorted(series.items(), key=lambda kv: kv[0] or 0)):
+        medians = []
         for level, pts in levels.items():
             pts.sort(key=lambda p: p[0])
-            xs, ys, lo, hi = [], [], [], []
+            xs, ys, lo, hi, other = [], [], [], [], []
             for c, recs in pts:
                 t = _vals(recs, "tps")
                 if not t:
@@ -186,16 +210,33 @@ def hot_counter_plot(groups: dict, out: Path, scenario: str = "hot-counter") -> 
                 ys.append(m)
                 lo.append(max(0.0, m - l))
                 hi.append(max(0.0, h - m))
-            ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=level)
+                if _host_key(recs[0]) != usual:
+                    other.append((c, m))
+                    elsewhere.add(_host_key(recs[0]))
+            ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=level, color=color[level])
+            if other:
+                ax.plot([c for c, _ in other], [m for _, m in other], "o", color=color[level],
+                        markerfacecolor="white", zorder=3)
+            medians += ys
+        log = _log_scale(ax, medians)
+        if log:
+            ax.set_ylabel("TPS (median, 95% CI, log scale)")
         ax.set_xscale("log", base=2)
         ticks = sorted({c for pts in levels.values() for c, _ in pts if c})
         ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.minorticks_off()
         ax.set_xlabel("clients")
-        ax.set_ylabel("TPS (median, 95% CI)")
+        if not log:
+            ax.set_ylabel("TPS (median, 95% CI)")
         ax.set_title(f"primary WAL fsync +{fs:g} ms", fontsize=9)
         ax.legend(fontsize=7)
-    fig.tight_layout()
+    if elsewhere:
+        names = "; ".join(f"kernel {k}" + (f", {c}" if c else "") for k, c in sorted(elsewhere, key=str))
+        fig.text(0.5, 0.01, f"hollow markers: measured on another machine ({names}) than the rest "
+                 f"(kernel {usual[0]}{', ' + usual[1] if usual[1] else ''})", ha="center", fontsize=7)
+        fig.tight_layout(rect=(0, 0.05, 1, 1))
+    else:
+        fig.tight_layout()
     path = out / f"{scenario}-clients.png"
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -1,5 +1,6 @@
 """Report helpers on synthetic records (no server needed)."""
 import matplotlib
+import matplotlib.figure
 import pytest
 
 matplotlib.use("Agg")
@@ -58,6 +59,12 @@ def test_same_kernel_other_cpu_is_another_machine():
     assert "- cpu id: AMD family 26 model 2 stepping 1, microcode 0xb002116" in report.machine_section([a])
 
 
+def test_groups_in_natural_order():
+    names = ["fsync 10 ms, 8 clients", "fsync 1 ms, 32 clients", "fsync 1 ms, 8 clients", "128 clients", "all"]
+    assert sorted(names, key=report._natural) == ["128 clients", "all", "fsync 1 ms, 8 clients",
+                                                  "fsync 1 ms, 32 clients", "fsync 10 ms, 8 clients"]
+
+
 def test_cpu_identity_reads_the_first_cpu_only():
     assert cpu_identity(CPUINFO) == {"cpu_vendor": "AuthenticAMD", "cpu_family": 26, "cpu_model": 2,
                                      "cpu_stepping": 1, "cpu_microcode": "0xb002116"}
@@ -99,3 +106,27 @@ def test_wait_until_quiet_is_bounded():
 
     waited = wait_until_quiet(0.3, poll=0.05)
     assert 0 <= waited < 1.5  # returns at once when quiet, after ~0.3 s when busy
+
+
+def _hc(fsync, clients, level, tps, kernel):
+    return {"scenario": "hot-counter", "group": f"fsync {fsync:g} ms, {clients} clients", "variant": level,
+            "run_id": kernel, "machine": {"kernel": kernel},
+            "variant_config": {"meta": {"fsync_ms": fsync, "clients": clients, "readers": 0}},
+            "metrics": {"tps": tps}}
+
+
+def test_clients_plot_marks_points_from_another_machine(tmp_path, monkeypatch):
+    notes = []
+    real_text = matplotlib.figure.Figure.text
+    monkeypatch.setattr(matplotlib.figure.Figure, "text",
+                        lambda self, x, y, s, **kw: notes.append(s) or real_text(self, x, y, s, **kw))
+    recs = [_hc(10, c, lvl, tps + i, "k-usual" if c >= 64 else "k-other")
+            for c in (8, 64, 128) for lvl, tps in (("on", 90.0), ("off", 50000.0)) for i in range(3)]
+    recs += [_hc(10, 256, "on", 91.0 + i, "k-usual") for i in range(3)]
+    path = report.hot_counter_plot(report.group_records(recs)["hot-counter"], tmp_path)
+    assert path.exists() and path.stat().st_size > 0
+    assert notes == ["hollow markers: measured on another machine (kernel k-other) than the rest (kernel k-usual)"]
+    notes.clear()
+    same = [r for r in recs if r["machine"]["kernel"] == "k-usual"]
+    report.hot_counter_plot(report.group_records(same)["hot-counter"], tmp_path)
+    assert notes == []
