@@ -12,6 +12,7 @@ def test_scenario_smoke(name, pg_bin, tmp_path):
     before = lab_leftovers()
     records, out = run_scenario(name, pg_bin, {}, smoke=True, results=tmp_path, max_minutes=5, quiet=True)
     assert records
+    assert records[0]["machine"]["cpu_vendor"] and records[0]["machine"]["cpu_family"] is not None
     for r in records:
         m = r["metrics"]
         if name == "wal-volume":
@@ -26,6 +27,7 @@ def test_scenario_smoke(name, pg_bin, tmp_path):
             assert m["wal_fsyncs_per_txn"] is not None
             assert m["wait_samples"] > 0 and m["writer_waits"]
             assert m["host_cpu_busy_pct"] is not None and m["pgbench_cpu_pct"] > 0
+            assert 0 <= m["host_cpu_steal_pct"] <= 100
             if name == "sync-modes":  # lan-fast: the standby's link runs through the delay proxy
                 assert m["proxy_cpu_pct"] is not None and m["proxy_cpu_pct"] > 0
             elif name == "hot-counter":  # primary alone: no proxy to measure
