@@ -33,8 +33,10 @@ command -v ip >/dev/null || need+=(iproute2)
 command -v losetup >/dev/null || need+=(mount)
 command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
 command -v runuser >/dev/null || need+=(util-linux)
-if [ -z "${PGWAL_LAB_PG_BIN:-}" ] && [ ! -x "$repo/.build/install/check/bin/postgres" ] &&
-	! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
+# Debian's stock 15: the default server without a check build, and the
+# stock server the compatibility tests run the scenarios against
+if [ ! -x /usr/lib/postgresql/15/bin/postgres ] &&
+	{ [ "$(id -u)" -eq 0 ] || [ -z "${PGWAL_LAB_PG_BIN:-}" ] && [ ! -x "$repo/.build/install/check/bin/postgres" ]; }; then
 	need+=(postgresql-15)
 fi
 if [ ${#need[@]} -gt 0 ]; then

@@ -16,6 +16,18 @@ def pg_bin() -> Path:
 
 
 @pytest.fixture(scope="session")
+def stock_bin() -> Path:
+    """A stock (unpatched) server: $PGWAL_LAB_STOCK_BIN or Debian's 15, which
+    setup.sh installs when run as root."""
+    b = Path(os.environ.get("PGWAL_LAB_STOCK_BIN", "/usr/lib/postgresql/15/bin"))
+    if not (b / "postgres").exists():
+        if os.geteuid() == 0:
+            pytest.fail(f"no stock server in {b}: lab/setup.sh should have installed postgresql-15")
+        pytest.skip(f"no stock server in {b} (not root, so setup.sh could not install postgresql-15)")
+    return b
+
+
+@pytest.fixture(scope="session")
 def netdelay() -> Path:
     return netdelay_binary()
 
