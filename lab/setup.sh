@@ -36,7 +36,8 @@ command -v runuser >/dev/null || need+=(util-linux)
 # Debian's stock 15: the default server without a check build, and the
 # stock server the compatibility tests run the scenarios against
 if [ ! -x /usr/lib/postgresql/15/bin/postgres ] &&
-	{ [ "$(id -u)" -eq 0 ] || [ -z "${PGWAL_LAB_PG_BIN:-}" ] && [ ! -x "$repo/.build/install/check/bin/postgres" ]; }; then
+	{ [ "$(id -u)" -eq 0 ] ||
+		{ [ -z "${PGWAL_LAB_PG_BIN:-}" ] && [ ! -x "$repo/.build/install/check/bin/postgres" ]; }; }; then
 	need+=(postgresql-15)
 fi
 if [ ${#need[@]} -gt 0 ]; then

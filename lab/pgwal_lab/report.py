@@ -10,6 +10,8 @@ tables: WAL bytes per level and the top record types with FPI share.
 from __future__ import annotations
 
 import math
+import re
+from collections import Counter
 from pathlib import Path
 
 import matplotlib
@@ -49,10 +51,14 @@ def group_records(records):
 
 def _natural(text: str) -> list:
     """Sort key that orders "fsync 10 ms" after "fsync 1 ms" and "8 clients" before "32 clients"."""
-    import re
-
     return [(0, float(t), "") if t[:1].isdigit() else (1, 0.0, t)
             for t in re.findall(r"\d+(?:\.\d+)?|\D+", text)]
+
+
+def _host_key(record: dict) -> tuple:
+    """What tells machines apart: the kernel build and, where recorded, the CPU id."""
+    m = record.get("machine", {})
+    return m.get("kernel"), cpu_label(m)
 
 
 def _hosts(records) -> list[str]:
@@ -62,11 +68,11 @@ def _hosts(records) -> list[str]:
     single-core probe where recorded and the groups run there."""
     seen: dict = {}
     for x in records:
-        m = x.get("machine", {})
-        entry = seen.setdefault((m.get("kernel"), cpu_label(m)), (set(), []))
+        entry = seen.setdefault(_host_key(x), (set(), []))
         entry[0].add(str(x.get("group")))
-        if m.get("cpu_probe_mb_s"):
-            entry[1].append(m["cpu_probe_mb_s"])
+        probe = x.get("machine", {}).get("cpu_probe_mb_s")
+        if probe:
+            entry[1].append(probe)
     out = []
     for (kernel, label), (groups, probes) in seen.items():
         cpu = f" ({label})" if label else ""
@@ -168,18 +174,11 @@ def tps_plot(scenario: str, groups: dict, out: Path) -> Path:
     return path
 
 
-def _host_key(record: dict) -> tuple:
-    m = record.get("machine", {})
-    return m.get("kernel"), cpu_label(m)
-
-
 def hot_counter_plot(groups: dict, out: Path, scenario: str = "hot-counter") -> Path | None:
     """TPS (median, 95% CI) against clients, one panel per fsync latency, one
     line per level (groups without reader clients only).  A point measured on
     another machine than most of the figure gets a hollow marker, so a line
     that joins two machines is not read as one curve."""
-    from collections import Counter
-
     hosts = Counter(_host_key(r) for variants in groups.values() for recs in variants.values() for r in recs)
     usual = hosts.most_common(1)[0][0] if hosts else None
     series: dict = {}

@@ -1,4 +1,6 @@
 """Report helpers on synthetic records (no server needed)."""
+from pathlib import Path
+
 import matplotlib
 import matplotlib.figure
 import pytest
@@ -70,7 +72,7 @@ def test_cpu_identity_reads_the_first_cpu_only():
                                      "cpu_stepping": 1, "cpu_microcode": "0xb002116"}
     assert cpu_identity("") == {}
     assert cpu_label({}) is None
-    assert cpu_identity(open("/proc/cpuinfo").read()).get("cpu_family") is not None
+    assert cpu_identity(Path("/proc/cpuinfo").read_text()).get("cpu_family") is not None
 
 
 def test_cpu_times_busy_and_steal():
@@ -78,7 +80,7 @@ def test_cpu_times_busy_and_steal():
     before = parse_cpu_times("cpu  100 0 50 800 10 0 5 35 7 0\ncpu0 1 2 3\n")
     assert before == CpuTimes(busy=190.0, total=1000.0, steal=35.0)
     after = parse_cpu_times("cpu  200 0 100 1500 10 0 10 180 9 0\n")
-    assert parse_cpu_times("cpu  200 0 100 1500 10 0 10 180 9 0").busy == 490.0
+    assert after.busy == 490.0
     assert cpu_share_pct(before, after, "busy") == pytest.approx(30.0)
     assert cpu_share_pct(before, after, "steal") == pytest.approx(14.5)
     assert cpu_share_pct(after, before, "steal") is None  # time does not run backwards
