@@ -1,6 +1,7 @@
 """Shared helpers: paths, running commands (bounded in time), privilege drop."""
 from __future__ import annotations
 
+import itertools
 import os
 import shlex
 import shutil
@@ -92,7 +93,34 @@ def run(cmd, *, timeout: float = 120, check: bool = True, env=None, cwd=None, ne
     return p
 
 
+_FIRST_PORT = 10_000
+_port_cursor = itertools.count()
+
+
+def ephemeral_port_floor() -> int:
+    """The lowest port the kernel hands out as a client's source port."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A port for a server or proxy to listen on, chosen below the ephemeral
+    range: a client socket could otherwise take it as its source port before
+    the listener binds it ("could not bind ... Address already in use")."""
+    floor = ephemeral_port_floor()
+    if floor > _FIRST_PORT + 1000:
+        span = floor - _FIRST_PORT
+        seed = os.getpid() * 7919  # processes walk different stretches
+        for _ in range(span):
+            port = _FIRST_PORT + (seed + next(_port_cursor)) % span
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -114,3 +114,19 @@ def test_commit_latency_follows_link_delay(pg_bin):
         # twice (+20 ms): on a loaded 2-core box the standby's processing
         # adds a few ms (12.7 seen while a server build ran).
         assert 10.0 <= extra <= 15.0, lat
+
+
+def test_free_ports_avoid_the_ephemeral_range():
+    """Servers and proxies listen below the ports the kernel gives client
+    sockets, so a connection made meanwhile cannot take a node's port."""
+    import socket
+
+    from pgwal_lab.util import ephemeral_port_floor, free_port
+
+    floor = ephemeral_port_floor()
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", free_port()))
+        taken = held.getsockname()[1]
+        ports = [free_port() for _ in range(20)]
+    assert taken < floor and all(p < floor for p in ports)
+    assert taken not in ports and len(set(ports)) == len(ports)

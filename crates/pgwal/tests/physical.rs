@@ -513,11 +513,7 @@ fn standby_of(primary: &Cluster) -> Cluster {
         "pg_basebackup: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = support::free_port();
     let conf = format!(
         "\nport = {port}\nunix_socket_directories = '{}'\nhot_standby = on\n",
         dir.display()
@@ -527,26 +523,15 @@ fn standby_of(primary: &Cluster) -> Cluster {
         .open(data.join("postgresql.conf"))
         .unwrap();
     std::io::Write::write_all(&mut f, conf.as_bytes()).unwrap();
-    let standby = Cluster {
+    let mut standby = Cluster {
         dir: dir.clone(),
         bin: primary.bin.clone(),
         port,
         label: primary.label,
         major: primary.major,
     };
-    let out = as_user("pg_ctl")
-        .args(["-w", "-t", "60", "-D"])
-        .arg(&data)
-        .arg("-l")
-        .arg(dir.join("server.log"))
-        .arg("start")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "standby start: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // Set before returning so that a failed start still stops and removes it.
+    standby.port = support::start_server(&primary.bin, &data, &dir.join("server.log"), port);
     standby
 }
 

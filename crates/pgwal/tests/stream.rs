@@ -293,8 +293,8 @@ fn slow_consumer_does_not_starve_feedback() {
             label,
             &bin,
             Options {
-                hba: vec![],
                 conf: vec!["wal_sender_timeout = '2s'".into()],
+                ..Options::default()
             },
         );
         c.psql(SETUP);
@@ -347,8 +347,8 @@ fn streamed_and_two_phase_transactions() {
             label,
             &bin,
             Options {
-                hba: vec![],
                 conf: vec!["logical_decoding_work_mem = '64kB'".into()],
+                ..Options::default()
             },
         );
         c.psql(SETUP);
@@ -491,8 +491,8 @@ fn reconnect_inside_streamed_transaction() {
             label,
             &bin,
             Options {
-                hba: vec![],
                 conf: vec!["logical_decoding_work_mem = '64kB'".into()],
+                ..Options::default()
             },
         );
         c.psql(SETUP);

@@ -142,7 +142,15 @@ fn sslmodes_and_channel_binding() {
             "hostnossl all u_tls 127.0.0.1/32 reject".to_string(),
             "hostnossl replication u_tls 127.0.0.1/32 reject".to_string(),
         ];
-        let c = Cluster::start(label, &bin, Options { hba, conf });
+        let c = Cluster::start(
+            label,
+            &bin,
+            Options {
+                hba,
+                conf,
+                ..Options::default()
+            },
+        );
         c.psql("SET password_encryption = 'scram-sha-256'; CREATE ROLE u_tls LOGIN REPLICATION PASSWORD 'tls_pw';");
         let ca = pki.join("ca.crt");
         let other = pki.join("other_ca.crt");

@@ -61,12 +61,72 @@ fn server_cmd(program: &Path) -> Command {
     }
 }
 
-fn free_port() -> u16 {
+/// A port for a test server. Ports in the kernel's ephemeral range are
+/// avoided: any client socket (psql, a replication connection) may take one
+/// as its source port between our check and the server's bind(), which is
+/// how "could not bind ... Address already in use" once failed CI. Below the
+/// range only listeners compete, and [`start_server`] retries if one does.
+pub fn free_port() -> u16 {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    const FIRST: u16 = 10_000;
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    if low > FIRST + 1_000 {
+        let span = usize::from(low - FIRST);
+        // Start where this process's pid points, so that test binaries
+        // running at the same time walk different stretches.
+        let seed = std::process::id() as usize * 7919;
+        for _ in 0..span {
+            let i = NEXT.fetch_add(1, Ordering::SeqCst);
+            let port = FIRST + ((seed + i) % span) as u16;
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// `pg_ctl start` for the cluster in `data`, logging to `log`. If the port
+/// was taken meanwhile, appends a fresh `port` to postgresql.conf (the last
+/// setting wins) and tries again; returns the port the server listens on.
+pub fn start_server(bin: &Path, data: &Path, log: &Path, mut port: u16) -> u16 {
+    for attempt in 1.. {
+        let seen = std::fs::metadata(log).map_or(0, |m| m.len() as usize);
+        let mut c = server_cmd(&bin.join("pg_ctl"));
+        c.args(["-w", "-t", "60", "-D"])
+            .arg(data)
+            .arg("-l")
+            .arg(log)
+            .arg("start");
+        c.stdout(Stdio::null());
+        let out = c.output().unwrap_or_else(|e| panic!("pg_ctl start: {e}"));
+        if out.status.success() {
+            return port;
+        }
+        let text = std::fs::read(log).unwrap_or_default();
+        let this_attempt = String::from_utf8_lossy(text.get(seen..).unwrap_or_default());
+        let port_taken = this_attempt.contains("could not create any TCP/IP sockets");
+        assert!(
+            port_taken && attempt < 5,
+            "pg_ctl start failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!("NOTICE: port {port} was taken; starting on another one");
+        port = free_port();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("postgresql.conf"))
+            .unwrap();
+        writeln!(f, "port = {port}").unwrap();
+    }
+    unreachable!()
 }
 
 fn run(mut c: Command, what: &str) {
@@ -94,6 +154,8 @@ pub struct Cluster {
 pub struct Options {
     pub hba: Vec<String>,
     pub conf: Vec<String>,
+    /// Port to try first instead of a free one (to test the retry).
+    pub port: Option<u16>,
 }
 
 impl Cluster {
@@ -137,8 +199,7 @@ impl Cluster {
         ])
         .arg(&data);
         run(c, "initdb");
-        let port = free_port();
-        cluster.port = port;
+        let port = opts.port.unwrap_or_else(free_port);
         let mut conf = format!(
             "listen_addresses = '127.0.0.1'\nport = {port}\nunix_socket_directories = '{}'\n\
              wal_level = logical\nmax_replication_slots = 20\nmax_wal_senders = 20\n\
@@ -170,14 +231,7 @@ impl Cluster {
             format!("local all all trust\nlocal replication all trust\n{hba}"),
         )
         .unwrap();
-        let mut c = server_cmd(&bin.join("pg_ctl"));
-        c.args(["-w", "-t", "60", "-D"])
-            .arg(&data)
-            .arg("-l")
-            .arg(dir.join("server.log"))
-            .arg("start");
-        c.stdout(Stdio::null());
-        run(c, "pg_ctl start");
+        cluster.port = start_server(bin, &data, &dir.join("server.log"), port);
         cluster.major = cluster
             .query("SHOW server_version_num")
             .trim()
