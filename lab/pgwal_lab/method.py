@@ -430,6 +430,7 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
     p = cluster.primary
     if conf.warmup > 0:
         run_with_readers(p, pg_bin, variant, conf.warmup, log=False)
+    tables0 = variant.workload.table_stats(p)
     ws, wr = _walsender_pids(cluster), _walreceiver_pids(cluster)
     cpu_ws0, cpu_wr0 = _cpu(ws), _cpu(wr)
     pio0 = _io(ws)
@@ -473,6 +474,13 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
     d_wr = _cpu_delta(cpu_wr0, wr1, cpu_wr1)
     io1 = walsender_wal_reads(cluster)
     wal = float(p.scalar("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)", (lsn1, lsn0)))
+    tables1 = variant.workload.table_stats(p)
+    if tables0 and tables1:
+        # dead-row counts come from the statistics system: approximate, and
+        # behind by up to one stats flush
+        res.update({"table_bytes_before": tables0["bytes"], "table_bytes_after": tables1["bytes"],
+                    "table_dead_rows_before": tables0["dead_rows"],
+                    "table_dead_rows_after": tables1["dead_rows"]})
     t1 = time.monotonic()
     cluster.wait_replay(timeout=conf.replay_timeout, lsn=lsn1)
     res.update(lags)

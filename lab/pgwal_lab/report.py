@@ -381,7 +381,10 @@ def wal_wait_section(variants: dict) -> list[str]:
 def render(records: list[dict], out: Path, title: str | None = None) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    lines = [f"# {title or 'pgwal lab report'}", ""]
+    if not title:  # the same heading `run` writes
+        scenarios = sorted({r.get("scenario") for r in records if r.get("scenario")})
+        title = f"pgwal lab: {', '.join(scenarios)}" if scenarios else "pgwal lab report"
+    lines = [f"# {title}", ""]
     if not records:
         lines.append("No runs stored.")
     else:
@@ -420,6 +423,11 @@ def render(records: list[dict], out: Path, title: str | None = None) -> Path:
                     f"{_fmt(_med(recs, 'walsender_wal_reads'), 0)} | {_fmt(_med(recs, 'reply_chunks_per_s'), 0)} | "
                     f"{_fmt(_med(recs, 'proxy_cpu_pct'))} |")
             lines += wal_wait_section(variants)
+            if any(r["metrics"].get("table_bytes_before") for recs in variants.values() for r in recs):
+                sizes = "; ".join(f"`{v}` {_fmt(_med(recs, 'table_bytes_before') / 1024, 0)} → "
+                                  f"{_fmt(_med(recs, 'table_bytes_after') / 1024, 0)}"
+                                  for v, recs in variants.items() if _med(recs, "table_bytes_before") is not None)
+                lines += ["", f"Workload tables (with indexes), kB at run start → end, medians: {sizes}."]
             changed = sum(1 for recs in variants.values() for r in recs if r["metrics"].get("repl_process_changes"))
             if changed:
                 lines += ["", f"Note: in {changed} run(s) a walsender or walreceiver was replaced during the run "

@@ -29,6 +29,7 @@ class Workload:
     init_sql: list[str] = field(default_factory=list)
     reset_sql: list[str] = field(default_factory=list)
     pgbench_init: list[str] | None = None  # args for pgbench -i
+    tables: list[str] = field(default_factory=list)  # sized before and after each run
 
     def init(self, node, pg_bin: Path, timeout: float = 600) -> None:
         if self.pgbench_init is not None:
@@ -40,6 +41,17 @@ class Workload:
     def reset(self, node) -> None:
         for s in self.reset_sql:
             node.sql(s)
+
+    def table_stats(self, node) -> dict | None:
+        """On-disk bytes (with indexes and TOAST) and dead row versions of the
+        workload's tables: a table that grows from run to run makes later
+        runs slower, which interleaving spreads evenly but a lone run hides."""
+        if not self.tables:
+            return None
+        r = node.sql("SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0), "
+                     "coalesce(sum(pg_stat_get_dead_tuples(c.oid)), 0) "
+                     "FROM pg_class c WHERE c.oid = ANY (%s::regclass[])", (self.tables,))[0]
+        return {"bytes": int(r[0]), "dead_rows": int(r[1])}
 
     def describe(self) -> dict:
         return {"name": self.name, "builtin": self.builtin, "script": self.script, "protocol": self.protocol,
@@ -55,6 +67,7 @@ def hot_counter() -> Workload:
     return Workload(
         "hot-counter",
         script="UPDATE counters SET counter = counter + 1 WHERE id = 0;\n",
+        tables=["counters"],
         init_sql=["DROP TABLE IF EXISTS counters",
                   "CREATE TABLE counters (id int PRIMARY KEY, counter bigint NOT NULL)",
                   "INSERT INTO counters VALUES (0, 0)"],

@@ -132,3 +132,12 @@ def test_clients_plot_marks_points_from_another_machine(tmp_path, monkeypatch):
     same = [r for r in recs if r["machine"]["kernel"] == "k-usual"]
     report.hot_counter_plot(report.group_records(same)["hot-counter"], tmp_path)
     assert notes == []
+
+
+def test_report_heading_names_the_scenarios_unless_titled(tmp_path):
+    recs = [_hc(10, 8, lvl, 100.0 + i, "k") for lvl in ("on", "off") for i in range(3)]
+    text = report.render(recs, tmp_path / "a").read_text()
+    assert text.splitlines()[0] == "# pgwal lab: hot-counter"
+    text = report.render(recs, tmp_path / "b", title="my title").read_text()
+    assert text.splitlines()[0] == "# my title"
+    assert report.render([], tmp_path / "c").read_text().splitlines()[0] == "# pgwal lab report"

@@ -32,6 +32,7 @@ def test_scenario_smoke(name, pg_bin, tmp_path):
                 assert m["proxy_cpu_pct"] is not None and m["proxy_cpu_pct"] > 0
             elif name == "hot-counter":  # primary alone: no proxy to measure
                 assert m["proxy_cpu_pct"] is None
+                assert m["table_bytes_before"] >= 8192 and m["table_bytes_after"] >= 8192
     text = (out / "report.md").read_text()
     assert f"## {name}" in text
     assert list(out.glob("*.png"))
