@@ -259,14 +259,27 @@ def cmd_proxy_test(args) -> int:
         raise LabError(f"--delays: expected comma-separated milliseconds, got {args.delays!r}") from None
     if not delays or any(d < 0 or d > 1000 for d in delays):
         raise LabError("--delays: each delay must lie in [0, 1000] ms")
+    spins: list[int | None] = [None]
+    if args.spin_us:
+        try:
+            spins = [int(x) for x in args.spin_us.split(",") if x.strip()]
+        except ValueError:
+            raise LabError(f"--spin-us: expected comma-separated microseconds, got {args.spin_us!r}") from None
+        if not spins or any(x < 0 or x > 10_000 for x in spins):
+            raise LabError("--spin-us: each window must lie in [0, 10000] µs")
+    if args.rounds < 1:
+        raise LabError("--rounds: at least 1")
     if busy := busy_warning(machine_facts()):
         print(f"warning: {busy}: the endpoints will wait for CPU, not only the proxy", file=sys.stderr)
     results = []
     with proxy_check.echo_server() as echo:
-        for d in delays:
-            r = proxy_check.measure(echo, d, count=args.count)
-            print(proxy_check.summary_line(r), file=sys.stderr)
-            results.append(r)
+        # every (delay, spin) once per round, so a slow minute hits them all
+        for _ in range(args.rounds):
+            for d in delays:
+                for spin in spins:
+                    r = proxy_check.measure(echo, d, count=args.count, spin_us=spin)
+                    print(proxy_check.summary_line(r), file=sys.stderr)
+                    results.append(r)
     print(json.dumps(results, indent=1) if args.json else proxy_check.markdown(results))
     return 0
 
@@ -350,6 +363,9 @@ def main(argv=None) -> int:
     pt = sub.add_parser("proxy-test", help="the delay proxy's precision and CPU cost (ping-pong RTTs)")
     pt.add_argument("--delays", default="0.05,1,5,10", help="one-way delays in ms (default 0.05,1,5,10)")
     pt.add_argument("--count", type=int, help="round trips per delay (default min(400, 2000 / delay))")
+    pt.add_argument("--spin-us", help="the proxy's polling windows to compare, e.g. 0,20,60 "
+                    "(default: the proxy's own, 60)")
+    pt.add_argument("--rounds", type=int, default=1, help="repeat every (delay, window) this often, interleaved")
     pt.add_argument("--json", action="store_true", help="print every measurement as JSON")
     pt.set_defaults(fn=cmd_proxy_test)
     u = sub.add_parser("up", help="bring a topology up and hold it (for manual experiments)")

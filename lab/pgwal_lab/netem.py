@@ -10,7 +10,9 @@ Profiles (one-way delay per direction):
   lan    0.05 ms each way (~0.1 ms RTT, same rack)
   1ms    1 ms each way (2 ms RTT, same region)
   wan20  10 ms each way (~20 ms RTT, cross-region), as in the published setups
-Custom: "delay=MS[,up=MS][,down=MS][,jitter=MS][,bw=MBIT]".
+Custom: "delay=MS[,up=MS][,down=MS][,jitter=MS][,bw=MBIT][,spin=US]"; `spin`
+is the proxy's polling window before each release (its default when
+unset; lab/README.md measures what the window buys and costs).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ class NetProfile:
     jitter_ms: float = 0.0
     bandwidth_mbit: float = 0.0
     proxy: bool = True
+    spin_us: int | None = None  # None: the proxy's default
 
     def asdict(self) -> dict:
         return asdict(self)
@@ -55,14 +58,17 @@ def profile(spec: str | NetProfile | None) -> NetProfile:
     d: dict = {}
     for part in spec.split(","):
         k, _, v = part.partition("=")
-        if k not in ("delay", "up", "down", "jitter", "bw"):
+        if k not in ("delay", "up", "down", "jitter", "bw", "spin"):
             raise LabError(f"unknown network profile {spec!r} (known: {', '.join(PROFILES)})")
         try:
             d[k] = float(v)
         except ValueError:
             raise LabError(f"bad network profile {spec!r}") from None
     kw = dict(up_ms=d.get("up", d.get("delay", 0.0)), down_ms=d.get("down", d.get("delay", 0.0)),
-              jitter_ms=d.get("jitter", 0.0), bandwidth_mbit=d.get("bw", 0.0))
+              jitter_ms=d.get("jitter", 0.0), bandwidth_mbit=d.get("bw", 0.0),
+              spin_us=int(d["spin"]) if "spin" in d else None)
+    if any(v < 0 for v in d.values()):
+        raise LabError(f"bad network profile {spec!r}: negative value")
     return NetProfile(spec, **kw)
 
 
@@ -76,7 +82,7 @@ class Proxy:
         self.netns = netns
         self.listen = listen or f"127.0.0.1:{free_port()}"
         self.tag = tag
-        self.spin_us = spin_us
+        self.spin_us = spin_us if spin_us is not None else prof.spin_us
         self.proc: subprocess.Popen | None = None
         self.pidfile = state_dir() / f"proxy-{tag}.pid"
         self.logfile: Path = state_dir() / f"proxy-{tag}.log"

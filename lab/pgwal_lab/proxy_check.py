@@ -47,13 +47,16 @@ def ping(target: str, count: int, size: int = 64, max_seconds: float = 20) -> di
     return json.loads(out)
 
 
-def measure(echo: str, delay_ms: float, count: int | None = None, tag: str | None = None) -> dict:
+def measure(echo: str, delay_ms: float, count: int | None = None, tag: str | None = None,
+            spin_us: int | None = None) -> dict:
     """Ping `echo` directly, then through a fresh proxy with `delay_ms` each
-    way.  Adds excess_us, direct_p50_us, cpu_pct (proxy, % of one core),
+    way (and a `spin_us` polling window; None = the proxy's default).  Adds
+    excess_us, direct_p50_us, cpu_pct (proxy, % of one core),
     round_trips_per_s, lateness (per direction) and counters."""
     count = count or int(min(400, 2000 / max(delay_ms, 0.05)))
     base = ping(echo, count=300)
-    proxy = netem.Proxy(netem.profile(f"delay={delay_ms}"), echo, tag=tag or f"check-{os.getpid()}").start()
+    proxy = netem.Proxy(netem.profile(f"delay={delay_ms}"), echo, tag=tag or f"check-{os.getpid()}",
+                        spin_us=spin_us).start()
     try:
         cpu0 = proc_cpu_seconds(proxy.pid)
         t0 = time.monotonic()
@@ -71,6 +74,7 @@ def measure(echo: str, delay_ms: float, count: int | None = None, tag: str | Non
     finally:
         proxy.stop()
     r["delay_ms"] = delay_ms
+    r["spin_us"] = spin_us
     r["excess_us"] = r["p50_us"] - 2 * delay_ms * 1000
     r["direct_p50_us"] = base["p50_us"]
     r["cpu_pct"] = cpu / wall * 100
@@ -80,20 +84,23 @@ def measure(echo: str, delay_ms: float, count: int | None = None, tag: str | Non
 
 
 def summary_line(r: dict) -> str:
-    return (f"delay {r['delay_ms']:g} ms: direct p50 {r['direct_p50_us']} us; proxied p50 {r['p50_us']} us "
+    spin = "" if r.get("spin_us") is None else f" spin {r['spin_us']} us"
+    return (f"delay {r['delay_ms']:g} ms{spin}: direct p50 {r['direct_p50_us']} us; proxied p50 {r['p50_us']} us "
             f"p99 {r['p99_us']} us min {r['min_us']} us; excess over 2d {r['excess_us']:.1f} us; "
             f"proxy CPU {r['cpu_pct']:.1f}% of one core; release lateness {r['lateness']}")
 
 
 def markdown(results: list[dict]) -> str:
     """One row per measured delay (RTTs in us, lateness over both directions)."""
-    rows = ["| one-way delay | direct RTT p50 | proxied RTT p50 (min) / p99 | excess over 2×delay (p50) "
+    spins = any(r.get("spin_us") is not None for r in results)
+    rows = [("| spin window " if spins else "") + "| one-way delay | direct RTT p50 | proxied RTT p50 (min) / p99 | excess over 2×delay (p50) "
             "| release lateness p50 / p99 (worst direction) | proxy CPU (% of one core) | round trips/s |",
-            "|---|---|---|---|---|---|---|"]
+            ("|---" if spins else "") + "|---|---|---|---|---|---|---|"]
     for r in results:
         late = r["lateness"]
         lat = (f"{max(x['p50_us'] for x in late)} / {max(x['p99_us'] for x in late)} µs" if late else "n/a")
-        rows.append(f"| {r['delay_ms']:g} ms | {r['direct_p50_us']} µs | {r['p50_us']} µs ({r['min_us']}) / "
+        spin = "default" if r.get("spin_us") is None else f"{r['spin_us']} µs"
+        rows.append((f"| {spin} " if spins else "") + f"| {r['delay_ms']:g} ms | {r['direct_p50_us']} µs | {r['p50_us']} µs ({r['min_us']}) / "
                     f"{r['p99_us']} µs | {r['excess_us']:+.0f} µs | {lat} | {r['cpu_pct']:.1f}% | "
                     f"{r['round_trips_per_s']:.0f} |")
     return "\n".join(rows)

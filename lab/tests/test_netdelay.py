@@ -10,6 +10,7 @@ ping and echo endpoints, not the proxy: on a loaded CI machine they wait
 for CPU, and on this VM an endpoint that sat idle for the whole delay
 wakes up later the longer it slept (measured at d = 5 ms: excess
 0.42-0.66 ms while the proxy's lateness p50 stayed at 0.06-0.07 ms)."""
+import json
 import os
 import socket
 import time
@@ -17,6 +18,7 @@ import time
 import pytest
 
 from pgwal_lab import netem, proxy_check
+from pgwal_lab.util import LabError
 
 TOLERANCE_MS = 0.3
 
@@ -110,3 +112,38 @@ def test_proxy_test_command_rejects_bad_delays(delays, capsys):
 
     assert cli.main(["proxy-test", "--delays", delays]) == 1
     assert "--delays" in capsys.readouterr().err
+
+
+def test_proxy_test_compares_spin_windows(netdelay, capsys):
+    """--spin-us adds a column and a row per (delay, window) per round; the
+    window reaches the proxy's command line."""
+    from pgwal_lab import cli
+
+    assert cli.main(["proxy-test", "--delays", "1", "--spin-us", "0,20", "--rounds", "2",
+                     "--count", "30", "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)
+    assert [(r["delay_ms"], r["spin_us"]) for r in results] == [(1.0, 0), (1.0, 20)] * 2
+    # even with no polling window a release is never early
+    assert all(r["min_us"] >= 2000 for r in results)
+    assert cli.main(["proxy-test", "--delays", "0", "--spin-us", "5", "--count", "20"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].startswith("| spin window | one-way delay")
+    assert table[2].startswith("| 5 µs | 0 ms |")
+
+
+def test_profile_spin_window():
+    p = netem.profile("delay=1,spin=15")
+    assert (p.up_ms, p.down_ms, p.spin_us) == (1.0, 1.0, 15)
+    assert "--spin-us" in netem.Proxy(p, "127.0.0.1:1").command()
+    assert "--spin-us" not in netem.Proxy(netem.profile("lan"), "127.0.0.1:1").command()
+    for bad in ("delay=1,spin=x", "delay=-1", "spin=-5"):
+        with pytest.raises(LabError):
+            netem.profile(bad)
+
+
+@pytest.mark.parametrize("spins", ["x", "-1", "20000"])
+def test_proxy_test_command_rejects_bad_spin_windows(spins, capsys):
+    from pgwal_lab import cli
+
+    assert cli.main(["proxy-test", "--delays", "1", "--spin-us", spins]) == 1
+    assert "--spin-us" in capsys.readouterr().err
