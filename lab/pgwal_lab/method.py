@@ -485,6 +485,9 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
     cluster.wait_replay(timeout=conf.replay_timeout, lsn=lsn1)
     res.update(lags)
     res.update(wait_summary)
+    # the emulated links as they were (a named profile's values may change
+    # between lab versions, e.g. lan's polling window)
+    res["links"] = {s.name: s.net_profile.asdict() for s in cluster.standbys if s.net_profile.proxy}
     # whole machine (servers, pgbench, and whatever else runs here)
     res["loadavg_1m_before"] = load0
     # pgbench processes of this run (children reaped during it), % of one core

@@ -74,7 +74,7 @@ def measure(echo: str, delay_ms: float, count: int | None = None, tag: str | Non
     finally:
         proxy.stop()
     r["delay_ms"] = delay_ms
-    r["spin_us"] = spin_us
+    r["spin_us"] = proxy.spin_us
     r["excess_us"] = r["p50_us"] - 2 * delay_ms * 1000
     r["direct_p50_us"] = base["p50_us"]
     r["cpu_pct"] = cpu / wall * 100
@@ -84,23 +84,20 @@ def measure(echo: str, delay_ms: float, count: int | None = None, tag: str | Non
 
 
 def summary_line(r: dict) -> str:
-    spin = "" if r.get("spin_us") is None else f" spin {r['spin_us']} us"
-    return (f"delay {r['delay_ms']:g} ms{spin}: direct p50 {r['direct_p50_us']} us; proxied p50 {r['p50_us']} us "
+    return (f"delay {r['delay_ms']:g} ms, spin {r['spin_us']} us: direct p50 {r['direct_p50_us']} us; proxied p50 {r['p50_us']} us "
             f"p99 {r['p99_us']} us min {r['min_us']} us; excess over 2d {r['excess_us']:.1f} us; "
             f"proxy CPU {r['cpu_pct']:.1f}% of one core; release lateness {r['lateness']}")
 
 
 def markdown(results: list[dict]) -> str:
     """One row per measured delay (RTTs in us, lateness over both directions)."""
-    spins = any(r.get("spin_us") is not None for r in results)
-    rows = [("| spin window " if spins else "") + "| one-way delay | direct RTT p50 | proxied RTT p50 (min) / p99 | excess over 2×delay (p50) "
+    rows = ["| spin window | one-way delay | direct RTT p50 | proxied RTT p50 (min) / p99 | excess over 2×delay (p50) "
             "| release lateness p50 / p99 (worst direction) | proxy CPU (% of one core) | round trips/s |",
-            ("|---" if spins else "") + "|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|"]
     for r in results:
         late = r["lateness"]
         lat = (f"{max(x['p50_us'] for x in late)} / {max(x['p99_us'] for x in late)} µs" if late else "n/a")
-        spin = "default" if r.get("spin_us") is None else f"{r['spin_us']} µs"
-        rows.append((f"| {spin} " if spins else "") + f"| {r['delay_ms']:g} ms | {r['direct_p50_us']} µs | {r['p50_us']} µs ({r['min_us']}) / "
+        rows.append(f"| {r['spin_us']} µs | {r['delay_ms']:g} ms | {r['direct_p50_us']} µs | {r['p50_us']} µs ({r['min_us']}) / "
                     f"{r['p99_us']} µs | {r['excess_us']:+.0f} µs | {lat} | {r['cpu_pct']:.1f}% | "
                     f"{r['round_trips_per_s']:.0f} |")
     return "\n".join(rows)

@@ -99,11 +99,12 @@ def test_proxy_test_command_prints_a_row_per_delay(netdelay, capsys):
 
     assert cli.main(["proxy-test", "--delays", "0,1", "--count", "50"]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert [line.split("|")[1].strip() for line in table[2:]] == ["0 ms", "1 ms"]
+    assert [line.split("|")[2].strip() for line in table[2:]] == ["0 ms", "1 ms"]
+    assert all(line.startswith("| 60 µs |") for line in table[2:])  # the default window
     # the 1 ms row: median RTT at least 2 ms, release lateness measured
     cells = [c.strip() for c in table[3].split("|")]
-    assert float(cells[3].split(" ")[0]) >= 2000
-    assert cells[5] != "n/a"
+    assert float(cells[4].split(" ")[0]) >= 2000
+    assert cells[6] != "n/a"
 
 
 @pytest.mark.parametrize("delays", ["abc", "-1", ""])
@@ -134,8 +135,11 @@ def test_proxy_test_compares_spin_windows(netdelay, capsys):
 def test_profile_spin_window():
     p = netem.profile("delay=1,spin=15")
     assert (p.up_ms, p.down_ms, p.spin_us) == (1.0, 1.0, 15)
-    assert "--spin-us" in netem.Proxy(p, "127.0.0.1:1").command()
-    assert "--spin-us" not in netem.Proxy(netem.profile("lan"), "127.0.0.1:1").command()
+    cmd = netem.Proxy(p, "127.0.0.1:1").command()
+    assert cmd[cmd.index("--spin-us") + 1] == "15"
+    cmd = netem.Proxy(netem.profile("lan"), "127.0.0.1:1").command()
+    assert cmd[cmd.index("--spin-us") + 1] == "20"
+    assert netem.profile("delay=1").spin_us == netem.DEFAULT_SPIN_US == 60
     for bad in ("delay=1,spin=x", "delay=-1", "spin=-5"):
         with pytest.raises(LabError):
             netem.profile(bad)

@@ -30,6 +30,7 @@ def test_scenario_smoke(name, pg_bin, tmp_path):
             assert 0 <= m["host_cpu_steal_pct"] <= 100
             if name == "sync-modes":  # lan-fast: the standby's link runs through the delay proxy
                 assert m["proxy_cpu_pct"] is not None and m["proxy_cpu_pct"] > 0
+                assert m["links"]["s1"]["up_ms"] == 0.05 and m["links"]["s1"]["spin_us"] == 20
             elif name == "hot-counter":  # primary alone: no proxy to measure
                 assert m["proxy_cpu_pct"] is None
                 assert m["table_bytes_before"] >= 8192 and m["table_bytes_after"] >= 8192
