@@ -50,7 +50,7 @@ def ping(target: str, count: int, size: int = 64, max_seconds: float = 20) -> di
 def measure(echo: str, delay_ms: float, count: int | None = None, tag: str | None = None,
             spin_us: int | None = None) -> dict:
     """Ping `echo` directly, then through a fresh proxy with `delay_ms` each
-    way (and a `spin_us` polling window; None = the proxy's default).  Adds
+    way (and a `spin_us` polling window; None = a custom link's default).  Adds
     excess_us, direct_p50_us, cpu_pct (proxy, % of one core),
     round_trips_per_s, lateness (per direction) and counters."""
     count = count or int(min(400, 2000 / max(delay_ms, 0.05)))
@@ -84,20 +84,22 @@ def measure(echo: str, delay_ms: float, count: int | None = None, tag: str | Non
 
 
 def summary_line(r: dict) -> str:
-    return (f"delay {r['delay_ms']:g} ms, spin {r['spin_us']} us: direct p50 {r['direct_p50_us']} us; proxied p50 {r['p50_us']} us "
-            f"p99 {r['p99_us']} us min {r['min_us']} us; excess over 2d {r['excess_us']:.1f} us; "
+    return (f"delay {r['delay_ms']:g} ms, spin {r['spin_us']} us: direct p50 {r['direct_p50_us']} us; "
+            f"proxied p50 {r['p50_us']} us p99 {r['p99_us']} us min {r['min_us']} us; "
+            f"excess over 2d {r['excess_us']:.1f} us; "
             f"proxy CPU {r['cpu_pct']:.1f}% of one core; release lateness {r['lateness']}")
 
 
 def markdown(results: list[dict]) -> str:
-    """One row per measured delay (RTTs in us, lateness over both directions)."""
-    rows = ["| spin window | one-way delay | direct RTT p50 | proxied RTT p50 (min) / p99 | excess over 2×delay (p50) "
-            "| release lateness p50 / p99 (worst direction) | proxy CPU (% of one core) | round trips/s |",
+    """One row per measured (window, delay) (RTTs in us, lateness over both directions)."""
+    rows = ["| spin window | one-way delay | direct RTT p50 | proxied RTT p50 (min) / p99 "
+            "| excess over 2×delay (p50) | release lateness p50 / p99 (worst direction) "
+            "| proxy CPU (% of one core) | round trips/s |",
             "|---|---|---|---|---|---|---|---|"]
     for r in results:
         late = r["lateness"]
         lat = (f"{max(x['p50_us'] for x in late)} / {max(x['p99_us'] for x in late)} µs" if late else "n/a")
-        rows.append(f"| {r['spin_us']} µs | {r['delay_ms']:g} ms | {r['direct_p50_us']} µs | {r['p50_us']} µs ({r['min_us']}) / "
-                    f"{r['p99_us']} µs | {r['excess_us']:+.0f} µs | {lat} | {r['cpu_pct']:.1f}% | "
-                    f"{r['round_trips_per_s']:.0f} |")
+        rows.append(f"| {r['spin_us']} µs | {r['delay_ms']:g} ms | {r['direct_p50_us']} µs | "
+                    f"{r['p50_us']} µs ({r['min_us']}) / {r['p99_us']} µs | {r['excess_us']:+.0f} µs | {lat} | "
+                    f"{r['cpu_pct']:.1f}% | {r['round_trips_per_s']:.0f} |")
     return "\n".join(rows)
