@@ -44,6 +44,12 @@ class MethodConf:
     sync: bool = True
     replay_timeout: float = 300.0
     reset_data: bool = False
+    # VACUUM the workload's tables before each run: the lab switches
+    # variants with a configuration reload, and every reload makes the
+    # autovacuum launcher reschedule its databases a full naptime ahead, so
+    # with runs closer together than autovacuum_naptime it never starts a
+    # worker and tables only grow (measured: a one-row table at 34 MB)
+    vacuum: bool = True
     wait_sample_s: float = 0.2  # pg_stat_activity sampling interval (0: off)
 
     def asdict(self) -> dict:
@@ -541,10 +547,12 @@ def run_groups(cluster, variants: list[Variant], conf: MethodConf, store, scenar
                 apply_settings(cluster, v.settings)
                 if conf.reset_data:
                     v.workload.reset(cluster.primary)
+                vacuum_s = v.workload.vacuum(cluster.primary) if conf.vacuum else None
                 catchup = quiesce(cluster, conf)
                 started = time.time()
                 metrics = measure(cluster, v, conf)
                 metrics["replay_catchup_before_s"] = catchup
+                metrics["vacuum_before_s"] = vacuum_s
                 rec = {"scenario": scenario, "run_id": run_id, "group": gname, "variant": v.name,
                        "iteration": it, "started_at": started, "variant_config": v.describe(),
                        "method": conf.asdict(), "metrics": metrics, **common}

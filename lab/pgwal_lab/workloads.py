@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +43,14 @@ class Workload:
         for s in self.reset_sql:
             node.sql(s)
 
+    def vacuum(self, node) -> float | None:
+        """VACUUM the workload's tables; seconds taken (None: no tables)."""
+        if not self.tables:
+            return None
+        t0 = time.monotonic()
+        node.sql(f"VACUUM {', '.join(self.tables)}", timeout_s=600)
+        return time.monotonic() - t0
+
     def table_stats(self, node) -> dict | None:
         """On-disk bytes (with indexes and TOAST) and dead row versions of the
         workload's tables: a table that grows from run to run makes later
@@ -60,7 +69,8 @@ class Workload:
 
 def tpcb(scale: int = 10, fillfactor: int = 100, select_only: bool = False, skip_some: bool = False) -> Workload:
     b = "select-only" if select_only else ("simple-update" if skip_some else "tpcb-like")
-    return Workload("tpcb", builtin=b, pgbench_init=["-s", str(scale), "-F", str(fillfactor)])
+    return Workload("tpcb", builtin=b, pgbench_init=["-s", str(scale), "-F", str(fillfactor)],
+                    tables=["pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history"])
 
 
 def hot_counter() -> Workload:
@@ -90,8 +100,9 @@ def large_txn(rows: int = 80, row_bytes: int = 8000, tables: int = 32) -> Worklo
     init = []
     for i in range(tables):
         init += [f"DROP TABLE IF EXISTS large_{i}", f"CREATE TABLE large_{i} (id bigserial, payload text)"]
-    return Workload("large-txn", script=script, protocol="simple", init_sql=init,
-                    reset_sql=[f"TRUNCATE {', '.join(f'large_{i}' for i in range(tables))}"])
+    names = [f"large_{i}" for i in range(tables)]
+    return Workload("large-txn", script=script, protocol="simple", init_sql=init, tables=names,
+                    reset_sql=[f"TRUNCATE {', '.join(names)}"])
 
 
 def insert() -> Workload:
@@ -100,6 +111,7 @@ def insert() -> Workload:
         script="\\set v random(1, 1000000)\nINSERT INTO ins (v, pad) VALUES (:v, repeat('x', 100));\n",
         init_sql=["DROP TABLE IF EXISTS ins", "CREATE TABLE ins (id bigserial PRIMARY KEY, v int, pad text)"],
         reset_sql=["TRUNCATE ins"],
+        tables=["ins"],
     )
 
 

@@ -22,6 +22,9 @@ def test_scenario_smoke(name, pg_bin, tmp_path):
             assert m["tps"] and m["tps"] > 0
             assert m["lat_p50_ms"] is not None and m["lat_p99_ms"] >= m["lat_p50_ms"]
             assert m["wal_bytes"] > 0
+            # the workload's tables are vacuumed before every run (autovacuum
+            # cannot be relied on between reloads)
+            assert m["vacuum_before_s"] is not None and m["vacuum_before_s"] > 0
             # WAL counters (pg_stat_wal; fsyncs from pg_stat_io on 18, pg_stat_wal before)
             assert m["stat_wal_records"] > 0 and m["wal_records_per_txn"] > 0
             assert m["wal_fsyncs_per_txn"] is not None
@@ -75,3 +78,8 @@ def test_hot_counter_readers_smoke(pg_bin, tmp_path):
             assert r["variant_config"]["settings"] == {"synchronous_commit": "local_non_durable_reads"}
     text = (out / "report.md").read_text()
     assert "Reader clients" in text and "WAL fsyncs/txn" in text
+    # vacuum=false turns the vacuum before each run off (JSON value, as with --set)
+    records, _ = run_scenario("hot-counter", pg_bin, {"levels": ["off"], "vacuum": False}, smoke=True,
+                              results=tmp_path / "novac", max_minutes=5, quiet=True)
+    assert records and all(r["metrics"]["vacuum_before_s"] is None for r in records)
+    assert records[0]["method"]["vacuum"] is False

@@ -66,6 +66,7 @@ def method_conf(params: dict) -> MethodConf:
     return MethodConf(iterations=int(params["iterations"]), duration=float(params["duration"]),
                       warmup=float(params["warmup"]), settle=float(params["settle"]),
                       reset_data=bool(params.get("reset_data", False)),
+                      vacuum=bool(params.get("vacuum", True)),
                       wait_sample_s=float(params.get("wait_sample_s", 0.2)))
 
 
