@@ -83,3 +83,12 @@ def test_wal_counter_deltas_before_18_and_empty():
     assert d["wal_io_writes"] == 10 and d["wal_io_fsyncs"] == 5 and d["wal_fsyncs_per_txn"] == 0.5
     d = wal_counter_deltas({}, {}, transactions=10)
     assert d["wal_fsyncs_per_txn"] is None and d["txn_per_wal_fsync"] is None
+
+
+def test_flags_from_set_values():
+    from pgwal_lab.scenarios import as_bool
+    from pgwal_lab.util import LabError
+
+    assert [as_bool(v, "x") for v in (True, "true", "on", 1, "False", "off", 0, False)] == [True] * 4 + [False] * 4
+    with pytest.raises(LabError, match="vacuum"):
+        as_bool("sometimes", "vacuum")

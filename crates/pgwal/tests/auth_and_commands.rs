@@ -106,8 +106,10 @@ fn test_server_moves_to_another_port_when_its_port_is_taken() {
         .unwrap()
         .parse()
         .unwrap();
+    // Below the range when there is room for it (free_port falls back to
+    // the kernel's choice on hosts whose range starts near 1024).
     assert!(
-        port < floor,
+        floor <= 11_000 || port < floor,
         "{port} is in the ephemeral range from {floor}"
     );
     let c = Cluster::start(

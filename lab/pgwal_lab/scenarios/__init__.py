@@ -62,11 +62,23 @@ def as_list(v) -> list:
     return [v]
 
 
+def as_bool(v, name: str) -> bool:
+    """A flag from --set (JSON true/false, or a word); anything else is an error."""
+    if isinstance(v, bool):
+        return v
+    word = str(v).strip().lower()
+    if word in ("true", "on", "yes", "1"):
+        return True
+    if word in ("false", "off", "no", "0"):
+        return False
+    raise LabError(f"{name}: expected true or false, got {v!r}")
+
+
 def method_conf(params: dict) -> MethodConf:
     return MethodConf(iterations=int(params["iterations"]), duration=float(params["duration"]),
                       warmup=float(params["warmup"]), settle=float(params["settle"]),
-                      reset_data=bool(params.get("reset_data", False)),
-                      vacuum=bool(params.get("vacuum", True)),
+                      reset_data=as_bool(params.get("reset_data", False), "reset_data"),
+                      vacuum=as_bool(params.get("vacuum", True), "vacuum"),
                       wait_sample_s=float(params.get("wait_sample_s", 0.2)))
 
 

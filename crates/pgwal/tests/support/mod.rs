@@ -77,7 +77,7 @@ pub fn free_port() -> u16 {
         let span = usize::from(low - FIRST);
         // Start where this process's pid points, so that test binaries
         // running at the same time walk different stretches.
-        let seed = std::process::id() as usize * 7919;
+        let seed = (std::process::id() as usize).wrapping_mul(7919);
         for _ in 0..span {
             let i = NEXT.fetch_add(1, Ordering::SeqCst);
             let port = FIRST + ((seed + i) % span) as u16;
@@ -112,6 +112,7 @@ pub fn start_server(bin: &Path, data: &Path, log: &Path, mut port: u16) -> u16 {
         }
         let text = std::fs::read(log).unwrap_or_default();
         let this_attempt = String::from_utf8_lossy(text.get(seen..).unwrap_or_default());
+        // lc_messages = 'C' (set above; standbys copy it) keeps this English
         let port_taken = this_attempt.contains("could not create any TCP/IP sockets");
         assert!(
             port_taken && attempt < 5,
@@ -204,7 +205,7 @@ impl Cluster {
             "listen_addresses = '127.0.0.1'\nport = {port}\nunix_socket_directories = '{}'\n\
              wal_level = logical\nmax_replication_slots = 20\nmax_wal_senders = 20\n\
              max_prepared_transactions = 10\nfsync = off\nsynchronous_commit = off\n\
-             shared_buffers = 32MB\nlog_min_messages = warning\n",
+             shared_buffers = 32MB\nlog_min_messages = warning\nlc_messages = 'C'\n",
             dir.display()
         );
         for l in &opts.conf {
