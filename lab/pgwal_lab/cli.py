@@ -249,24 +249,25 @@ def cmd_fsync_test(args) -> int:
     return 0
 
 
+def _number_list(text: str, option: str, convert, low: float, high: float, unit: str) -> list:
+    """A comma-separated list of numbers in [low, high] (an option's value)."""
+    try:
+        values = [convert(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise LabError(f"{option}: expected comma-separated numbers ({unit}), got {text!r}") from None
+    if not values or any(not low <= v <= high for v in values):
+        raise LabError(f"{option}: each value must lie in [{low:g}, {high:g}] {unit}")
+    return values
+
+
 def cmd_proxy_test(args) -> int:
     """Ping-pong through the delay proxy at each delay; a markdown table (or JSON)."""
-    from . import proxy_check
+    from . import netem, proxy_check
 
-    try:
-        delays = [float(x) for x in args.delays.split(",") if x.strip()]
-    except ValueError:
-        raise LabError(f"--delays: expected comma-separated milliseconds, got {args.delays!r}") from None
-    if not delays or any(d < 0 or d > 1000 for d in delays):
-        raise LabError("--delays: each delay must lie in [0, 1000] ms")
+    delays = _number_list(args.delays, "--delays", float, 0, 1000, "ms")
     spins: list[int | None] = [None]
     if args.spin_us:
-        try:
-            spins = [int(x) for x in args.spin_us.split(",") if x.strip()]
-        except ValueError:
-            raise LabError(f"--spin-us: expected comma-separated microseconds, got {args.spin_us!r}") from None
-        if not spins or any(x < 0 or x > 10_000 for x in spins):
-            raise LabError("--spin-us: each window must lie in [0, 10000] µs")
+        spins = _number_list(args.spin_us, "--spin-us", int, 0, netem.MAX_SPIN_US, "µs")
     if args.rounds < 1:
         raise LabError("--rounds: at least 1")
     if busy := busy_warning(machine_facts()):

@@ -31,6 +31,7 @@ from .util import LabError, free_port, netdelay_binary, state_dir
 
 
 DEFAULT_SPIN_US = 60
+MAX_SPIN_US = 10_000
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,8 @@ def profile(spec: str | NetProfile | None) -> NetProfile:
             raise LabError(f"bad network profile {spec!r}") from None
         if not math.isfinite(d[k]) or d[k] < 0:
             raise LabError(f"bad network profile {spec!r}: {k} must be a finite value >= 0")
-    if "spin" in d and (d["spin"] != int(d["spin"]) or d["spin"] > 10_000):
-        raise LabError(f"bad network profile {spec!r}: spin is whole microseconds, at most 10000")
+    if "spin" in d and (d["spin"] != int(d["spin"]) or d["spin"] > MAX_SPIN_US):
+        raise LabError(f"bad network profile {spec!r}: spin is whole microseconds, at most {MAX_SPIN_US}")
     kw = dict(up_ms=d.get("up", d.get("delay", 0.0)), down_ms=d.get("down", d.get("delay", 0.0)),
               jitter_ms=d.get("jitter", 0.0), bandwidth_mbit=d.get("bw", 0.0),
               spin_us=int(d.get("spin", DEFAULT_SPIN_US)))

@@ -105,13 +105,18 @@ def ephemeral_port_floor() -> int:
         return 32768
 
 
+def room_below_ephemeral_range() -> bool:
+    """Whether free_port() can stay below the ephemeral range (where the range
+    starts near 1024 it falls back to the kernel's choice)."""
+    return ephemeral_port_floor() > _FIRST_PORT + 1000
+
+
 def free_port() -> int:
     """A port for a server or proxy to listen on, chosen below the ephemeral
     range: a client socket could otherwise take it as its source port before
     the listener binds it ("could not bind ... Address already in use")."""
-    floor = ephemeral_port_floor()
-    if floor > _FIRST_PORT + 1000:
-        span = floor - _FIRST_PORT
+    if room_below_ephemeral_range():
+        span = ephemeral_port_floor() - _FIRST_PORT
         seed = os.getpid() * 7919  # processes walk different stretches
         for _ in range(span):
             port = _FIRST_PORT + (seed + next(_port_cursor)) % span

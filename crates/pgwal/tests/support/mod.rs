@@ -61,6 +61,9 @@ fn server_cmd(program: &Path) -> Command {
     }
 }
 
+/// Where test servers' ports start.
+const FIRST_PORT: u16 = 10_000;
+
 /// A port for a test server. Ports in the kernel's ephemeral range are
 /// avoided: any client socket (psql, a replication connection) may take one
 /// as its source port between our check and the server's bind(), which is
@@ -68,19 +71,15 @@ fn server_cmd(program: &Path) -> Command {
 /// range only listeners compete, and [`start_server`] retries if one does.
 pub fn free_port() -> u16 {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
-    const FIRST: u16 = 10_000;
-    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32768);
-    if low > FIRST + 1_000 {
-        let span = usize::from(low - FIRST);
+    let low = ephemeral_port_floor();
+    if room_below_ephemeral_range() {
+        let span = usize::from(low - FIRST_PORT);
         // Start where this process's pid points, so that test binaries
         // running at the same time walk different stretches.
         let seed = (std::process::id() as usize).wrapping_mul(7919);
         for _ in 0..span {
             let i = NEXT.fetch_add(1, Ordering::SeqCst);
-            let port = FIRST + ((seed + i) % span) as u16;
+            let port = FIRST_PORT + (seed.wrapping_add(i) % span) as u16;
             if TcpListener::bind(("127.0.0.1", port)).is_ok() {
                 return port;
             }
@@ -91,6 +90,20 @@ pub fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// The lowest port the kernel gives client sockets.
+pub fn ephemeral_port_floor() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768)
+}
+
+/// Whether [`free_port`] can stay below the ephemeral range; where the
+/// range starts near 1024 it falls back to the kernel's choice.
+pub fn room_below_ephemeral_range() -> bool {
+    ephemeral_port_floor() > FIRST_PORT + 1_000
 }
 
 /// `pg_ctl start` for the cluster in `data`, logging to `log`. If the port
