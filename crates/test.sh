@@ -40,3 +40,17 @@ if cargo clippy --version >/dev/null 2>&1; then
 	cargo clippy "${packages[@]}" --all-targets -q -- -D warnings
 fi
 cargo test "${packages[@]}" 2>&1
+
+# The installed command (crates/README.md: cargo install --path crates/pgwal-cli).
+# --debug with the workspace's target directory reuses what the tests built;
+# a user's install builds the release profile the same way.
+install_root=$(mktemp -d)
+trap 'rm -rf "$install_root"' EXIT
+CARGO_TARGET_DIR="$here/target" cargo install -q --locked --debug --path pgwal-cli --root "$install_root"
+"$install_root/bin/pgwal" --version
+help=$("$install_root/bin/pgwal" --help)
+case "$help" in
+*stream*) ;;
+*) echo "test.sh: the installed pgwal lacks its stream command" >&2; exit 1 ;;
+esac
+echo "test.sh: cargo install --path pgwal-cli works ($("$install_root/bin/pgwal" --version))"

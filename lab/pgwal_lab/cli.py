@@ -2,6 +2,7 @@
 
   pgwal-lab list                         scenarios, their defaults, profiles
   pgwal-lab run SCENARIO [options]       run a scenario, store runs, write the report
+  pgwal-lab run sync-modes --cluster F   the same on an existing cluster (DSNs in a TOML file)
   pgwal-lab demo                         short sync-modes + hot-counter (~3-5 min)
   pgwal-lab report RUNS.jsonl [--out D]  re-render a report from stored runs
   pgwal-lab fsync-test [--profile P]     pg_test_fsync through the shim
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from . import cleanup, disk, netem, report, scenarios, shim
 from .store import Store, is_busy, machine_facts
-from .util import LAB_DIR, LabError, default_pg_bin, run
+from .util import IN_CHECKOUT, LabError, default_pg_bin, results_dir, run
 
 # Longest wait for the load of a preceding benchmark to decay before a scenario starts.
 QUIET_WAIT_S = 180.0
@@ -98,16 +99,29 @@ def busy_warning(facts: dict) -> str | None:
     return None
 
 
+# scenarios that can run on an existing cluster (--cluster)
+CLUSTER_SCENARIOS = ("sync-modes",)
+
+
 def run_scenario(name: str, bin_dir: Path, overrides: dict, smoke: bool, results: Path,
                  max_minutes: float | None = None, quiet: bool = False,
-                 write_report: bool = True, quiet_wait: float = QUIET_WAIT_S) -> tuple[list[dict], Path]:
+                 write_report: bool = True, quiet_wait: float = QUIET_WAIT_S,
+                 cluster=None) -> tuple[list[dict], Path]:
     """Run a scenario; returns (records, results dir).  Without max_minutes
-    the time limit is 1.5 x the estimate (at least 10 minutes)."""
+    the time limit is 1.5 x the estimate (at least 10 minutes).  `cluster`
+    (an external.ClusterConf) runs it on an existing cluster instead of a
+    lab-made one."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
         TimeRemainingColumn
 
     mod = scenarios.get(name)
+    if cluster is not None:
+        if name not in CLUSTER_SCENARIOS:
+            raise LabError(f"--cluster runs {', '.join(CLUSTER_SCENARIOS)}, not {name}")
+        if "profiles" in overrides or "custom_profiles" in overrides:
+            raise LabError("--cluster: profiles emulate disks and links, and the lab emulates nothing on an "
+                           "existing cluster")
     params = dict(mod.DEFAULTS)
     if smoke:
         params.update(mod.SMOKE)
@@ -145,7 +159,7 @@ def run_scenario(name: str, bin_dir: Path, overrides: dict, smoke: bool, results
     ctx = scenarios.Context(bin_dir=bin_dir, store=store, run_id=run_id, common=common, progress=advance,
                             set_total=set_total,
                             deadline=time.monotonic() + (max_minutes if max_minutes else 30) * 60,
-                            log=console.log)
+                            log=console.log, extra={"cluster": cluster} if cluster is not None else {})
     old = signal.signal(signal.SIGTERM, _sigterm)
     try:
         with progress:
@@ -166,12 +180,20 @@ def cmd_run(args) -> int:
     for k in ("iterations", "duration", "warmup", "settle"):
         if getattr(args, k) is not None:
             overrides[k] = getattr(args, k)
-    bin_dir = Path(args.bin).resolve() if args.bin else default_pg_bin()
+    cluster = None
+    if args.cluster:
+        from . import external
+
+        cluster = external.load(args.cluster)
+    if args.bin:
+        bin_dir = Path(args.bin).resolve()
+    else:
+        bin_dir = cluster.bin_dir if cluster else default_pg_bin()
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    results = Path(args.results) if args.results else LAB_DIR / "results" / f"{args.scenario}-{stamp}"
+    results = Path(args.results) if args.results else results_dir(f"{args.scenario}-{stamp}")
     try:
         run_scenario(args.scenario, bin_dir, overrides, args.smoke, results, args.max_minutes,
-                     quiet_wait=args.quiet_wait)
+                     quiet_wait=args.quiet_wait, cluster=cluster)
     except KeyboardInterrupt:
         print("interrupted: cluster torn down", file=sys.stderr)
         return 130
@@ -198,12 +220,18 @@ def cmd_demo(args) -> int:
         bin_dir = Path(args.bin).resolve()
     elif os.environ.get("PGWAL_LAB_PG_BIN"):
         bin_dir = Path(os.environ["PGWAL_LAB_PG_BIN"])
-    elif (REPO / ".build/install/bench/bin/postgres").exists():
+    elif IN_CHECKOUT and (REPO / ".build/install/bench/bin/postgres").exists():
         bin_dir = REPO / ".build/install/bench/bin"
     else:
         bin_dir = default_pg_bin()
+    from . import proof
+
+    if not proof.is_patched_bin(bin_dir) and not args.allow_stock:
+        raise LabError(f"{bin_dir} is not pgwal's patched build (no PGWAL-BUILD beside it), and the demo "
+                       f"shows the patched server's levels; build it (server/pg build --flavour bench) or "
+                       f"pass --allow-stock to run the demo on this server anyway")
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    results = Path(args.results) if args.results else LAB_DIR / "results" / f"demo-{stamp}"
+    results = Path(args.results) if args.results else results_dir(f"demo-{stamp}")
     try:
         for name, params in DEMO.items():
             # short, indicative runs: no waiting for the load to settle
@@ -321,6 +349,7 @@ def cmd_clean(args) -> int:
 
 def cmd_build(args) -> int:
     print(shim.build(force=True))
+    print(shim.build_probe(force=True))
     return 0
 
 
@@ -338,7 +367,11 @@ def main(argv=None) -> int:
     r.add_argument("--settle", type=float)
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a scenario parameter (JSON or comma list), e.g. --set clients=8,64")
-    r.add_argument("--results", help="results directory (default lab/results/SCENARIO-TIME)")
+    r.add_argument("--results", help="results directory (default lab/results/SCENARIO-TIME in a checkout, "
+                                      "else ./pgwal-lab-results/SCENARIO-TIME)")
+    r.add_argument("--cluster", metavar="FILE",
+                   help="run on an existing cluster described by a TOML file (DSNs, pgbench, which settings "
+                        "may change; see lab/README.md) instead of a lab-made one; sync-modes only")
     r.add_argument("--quiet-wait", type=float, default=QUIET_WAIT_S, metavar="SECONDS",
                    help="wait at most this long for the 1-minute load average to fall to half the cores "
                         "before starting (0: start at once; default %(default)s)")
@@ -349,6 +382,8 @@ def main(argv=None) -> int:
     d = sub.add_parser("demo", help="short sync-modes + hot-counter (~3-5 min) on the patched server")
     d.add_argument("--bin", help="default: $PGWAL_LAB_PG_BIN, the 18 bench build, or the test default")
     d.add_argument("--results")
+    d.add_argument("--allow-stock", action="store_true",
+                   help="run on a server that is not pgwal's patched build (refused otherwise)")
     d.set_defaults(fn=cmd_demo)
     rp = sub.add_parser("report", help="render a report from stored runs")
     rp.add_argument("runs", nargs="+")
@@ -383,7 +418,7 @@ def main(argv=None) -> int:
     c = sub.add_parser("clean", help="remove leftovers of crashed runs")
     c.add_argument("--force", action="store_true", help="also clusters whose owning process is still alive")
     c.set_defaults(fn=cmd_clean)
-    sub.add_parser("build-shim", help="compile the LD_PRELOAD shim").set_defaults(fn=cmd_build)
+    sub.add_parser("build-shim", help="compile the LD_PRELOAD shim and its probe").set_defaults(fn=cmd_build)
     args = ap.parse_args(argv)
     try:
         return args.fn(args)

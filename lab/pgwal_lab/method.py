@@ -80,29 +80,34 @@ class Variant:
         return d
 
 
-def apply_env(cluster, env: dict) -> None:
+def apply_env(cluster, env: dict) -> bool:
+    """Put the group's environment in place; True when a node, link or
+    standby setting changed (and the proof must be taken again)."""
+    changed = False
     if "primary_disk" in env and cluster.primary.disk_profile.name != env["primary_disk"]:
         cluster.primary.set_disk(env["primary_disk"])
+        changed = True
     for s in cluster.standbys:
         if "standby_disk" in env and s.disk_profile.name != env["standby_disk"]:
             s.set_disk(env["standby_disk"])
+            changed = True
         if "net" in env and s.net_profile.name != env["net"]:
             s.set_net(env["net"])
+            changed = True
         # standby_settings: reloadable settings of every standby (ALTER SYSTEM)
-        set_reloadable(s, env.get("standby_settings") or {})
+        changed |= set_reloadable(s, env.get("standby_settings") or {})
     cluster.wait_streaming()
+    return changed
 
 
-def set_reloadable(node, settings: dict, timeout: float = 10) -> None:
+def set_reloadable(node, settings: dict, timeout: float = 10) -> bool:
     """ALTER SYSTEM + reload on one node, then wait until SHOW reports every
-    new value (a reload reaches backends asynchronously)."""
+    new value (a reload reaches backends asynchronously).  False when every
+    setting already had its value."""
     settings = {k: v for k, v in settings.items() if str(node.scalar(f"SHOW {k}")) != str(v)}
     if not settings:
-        return
-    with node.connect() as c:
-        for k, v in settings.items():
-            c.execute(f"ALTER SYSTEM SET {k} = '{v}'")
-        c.execute("SELECT pg_reload_conf()")
+        return False
+    node.alter_system(settings)
     deadline = time.monotonic() + timeout
     for k, v in settings.items():
         while True:
@@ -112,6 +117,7 @@ def set_reloadable(node, settings: dict, timeout: float = 10) -> None:
             if time.monotonic() > deadline:
                 raise LabError(f"setting {k}={v} not applied on {node.name} (still {cur})")
             time.sleep(0.05)
+    return True
 
 
 def apply_settings(cluster, settings: dict, timeout: float = 10) -> None:
@@ -126,7 +132,7 @@ def quiesce(cluster, conf: MethodConf) -> float:
         for s in cluster.standbys:
             if s.running:
                 s.sql("CHECKPOINT")
-    if conf.sync:
+    if conf.sync and cluster.local_processes:
         os.sync()
     if conf.settle > 0:
         time.sleep(conf.settle)
@@ -343,6 +349,8 @@ def run_with_readers(p, pg_bin, variant: Variant, duration: float, log: bool = T
 
 
 def _walsender_pids(cluster) -> list[int]:
+    if not cluster.local_processes:  # another machine's pids: /proc here knows nothing of them
+        return []
     pids = []
     for n in cluster.nodes.values():
         if n.running:
@@ -354,6 +362,8 @@ def _walsender_pids(cluster) -> list[int]:
 
 
 def _walreceiver_pids(cluster) -> list[int]:
+    if not cluster.local_processes:
+        return []
     pids = []
     for s in cluster.standbys:
         if s.running:
@@ -539,11 +549,14 @@ def run_groups(cluster, variants: list[Variant], conf: MethodConf, store, scenar
     records = []
     for gname, vs in groups.items():
         apply_env(cluster, vs[0].env)
+        # nothing is measured under a label that is not in effect (proof.py)
+        proved = cluster.prove()
         for it in range(conf.iterations):
             for v in vs:
                 if deadline and time.monotonic() > deadline:
                     raise LabError(f"scenario time limit reached in {gname} iteration {it}")
-                apply_env(cluster, v.env)  # no-op unless this variant's environment differs
+                if apply_env(cluster, v.env):  # only when this variant's environment differs
+                    proved = cluster.prove()
                 apply_settings(cluster, v.settings)
                 if conf.reset_data:
                     v.workload.reset(cluster.primary)
@@ -555,7 +568,7 @@ def run_groups(cluster, variants: list[Variant], conf: MethodConf, store, scenar
                 metrics["vacuum_before_s"] = vacuum_s
                 rec = {"scenario": scenario, "run_id": run_id, "group": gname, "variant": v.name,
                        "iteration": it, "started_at": started, "variant_config": v.describe(),
-                       "method": conf.asdict(), "metrics": metrics, **common}
+                       "method": conf.asdict(), "metrics": metrics, "proof": proved, **common}
                 store.append(rec)
                 records.append(rec)
                 if progress:

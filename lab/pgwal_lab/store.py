@@ -10,7 +10,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-from .util import REPO, netdelay_binary
+from .util import IN_CHECKOUT, REPO, netdelay_binary
 
 
 def _read(path: str) -> str:
@@ -71,11 +71,13 @@ def machine_facts() -> dict:
     cpu = next((l.split(":", 1)[1].strip() for l in cpuinfo.splitlines()
                 if l.startswith("model name")), platform.processor())
     mem_kb = next((int(l.split()[1]) for l in _read("/proc/meminfo").splitlines() if l.startswith("MemTotal")), 0)
+    commit = None
     try:
-        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=10).stdout.strip() or None
+        if IN_CHECKOUT:
+            commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                    text=True, timeout=10).stdout.strip() or None
     except (OSError, subprocess.TimeoutExpired):
-        commit = None
+        pass
     try:
         proxy = str(netdelay_binary())
     except Exception:

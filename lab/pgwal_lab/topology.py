@@ -101,7 +101,47 @@ def q(v) -> str:
     return "'" + str(v).replace("'", "''") + "'"
 
 
-class Node:
+class SqlNode:
+    """What the method needs of any node, lab-made or a user's: SQL over
+    `conninfo()`, settings changes, and how pgbench reaches it."""
+
+    name: str
+    upstream: "SqlNode | None"
+    running: bool = True
+
+    def conninfo(self, dbname: str = "postgres") -> str:
+        raise NotImplementedError
+
+    def pgbench_target(self) -> list[str]:
+        """pgbench's connection arguments, the database included."""
+        raise NotImplementedError
+
+    @property
+    def is_primary(self) -> bool:
+        return self.upstream is None
+
+    def connect(self, dbname: str = "postgres", autocommit: bool = True, **kw) -> psycopg.Connection:
+        return psycopg.connect(self.conninfo(dbname), autocommit=autocommit, connect_timeout=10, **kw)
+
+    def sql(self, query: str, params=None, dbname: str = "postgres", timeout_s: float = 120):
+        with self.connect(dbname) as c:
+            c.execute(f"SET statement_timeout = {int(timeout_s * 1000)}")
+            cur = c.execute(query, params)
+            return cur.fetchall() if cur.description else None
+
+    def scalar(self, query: str, params=None, **kw):
+        rows = self.sql(query, params, **kw)
+        return rows[0][0] if rows else None
+
+    def alter_system(self, settings: dict) -> None:
+        """ALTER SYSTEM SET each setting, then reload (SHOW follows asynchronously)."""
+        with self.connect() as c:
+            for k, v in settings.items():
+                c.execute(f"ALTER SYSTEM SET {k} = {q(v)}")
+            c.execute("SELECT pg_reload_conf()")
+
+
+class Node(SqlNode):
     def __init__(self, cluster: "Cluster", index: int, name: str, upstream: "Node | None",
                  disk_profile: str, net_profile: str = "none", sync: bool = False):
         self.cluster = cluster
@@ -130,10 +170,6 @@ class Node:
             return f"{SUBNET}.{downstream.index}.1"
         return "127.0.0.1"
 
-    @property
-    def is_primary(self) -> bool:
-        return self.upstream is None
-
     def bin(self, tool: str) -> str:
         return str(self.cluster.spec.bin_dir / tool)
 
@@ -143,21 +179,8 @@ class Node:
     def conninfo(self, dbname: str = "postgres") -> str:
         return f"host={self.sockdir} port={self.port} user=postgres dbname={dbname}"
 
-    def pgbench_conn_args(self) -> list[str]:
-        return ["-h", str(self.sockdir), "-p", str(self.port), "-U", "postgres"]
-
-    def connect(self, dbname: str = "postgres", autocommit: bool = True, **kw) -> psycopg.Connection:
-        return psycopg.connect(self.conninfo(dbname), autocommit=autocommit, connect_timeout=10, **kw)
-
-    def sql(self, query: str, params=None, dbname: str = "postgres", timeout_s: float = 120):
-        with self.connect(dbname) as c:
-            c.execute(f"SET statement_timeout = {int(timeout_s * 1000)}")
-            cur = c.execute(query, params)
-            return cur.fetchall() if cur.description else None
-
-    def scalar(self, query: str, params=None, **kw):
-        rows = self.sql(query, params, **kw)
-        return rows[0][0] if rows else None
+    def pgbench_target(self) -> list[str]:
+        return ["-h", str(self.sockdir), "-p", str(self.port), "-U", "postgres", "postgres"]
 
     # lifecycle
     def node_conf(self) -> str:
@@ -287,7 +310,46 @@ class Node:
             return ""
 
 
-class Cluster:
+class ReplicationSet:
+    """What the method needs of any primary + standbys: replication waits
+    and positions over SQL.  `local_processes`: the servers run on this
+    machine, so their processes' CPU and I/O can be read from /proc."""
+
+    primary: SqlNode
+    nodes: dict
+    local_processes = True
+
+    @property
+    def standbys(self) -> list:
+        return [n for n in self.nodes.values() if not n.is_primary]
+
+    def wait_streaming(self, timeout: float = 60) -> None:
+        for n in self.standbys:
+            if not n.running:
+                continue
+            wait_for(lambda: n.upstream.scalar(
+                "SELECT count(*) FROM pg_stat_replication WHERE application_name = %s AND state = 'streaming'",
+                (n.name,)), timeout, f"{n.name} streaming")
+
+    def current_lsn(self) -> str:
+        return self.primary.scalar("SELECT pg_current_wal_lsn()::text")
+
+    def wait_replay(self, timeout: float = 120, lsn: str | None = None) -> float:
+        """Wait until every running standby has replayed the primary's current LSN."""
+        t0 = time.monotonic()
+        target = lsn or self.current_lsn()
+        for n in self.standbys:
+            if not n.running:
+                continue
+            wait_for(lambda: n.scalar("SELECT pg_wal_lsn_diff(pg_last_wal_replay_lsn(), %s::pg_lsn) >= 0",
+                                      (target,)), timeout, f"{n.name} to replay {target}")
+        return time.monotonic() - t0
+
+    def server_version(self) -> str:
+        return self.primary.scalar("SHOW server_version")
+
+
+class Cluster(ReplicationSet):
     """A running primary + standbys.  Use as a context manager: it is torn
     down on success, failure and KeyboardInterrupt."""
 
@@ -308,10 +370,6 @@ class Cluster:
             if s.upstream not in self.nodes:
                 raise LabError(f"standby {s.name}: upstream {s.upstream} must be defined before it")
             self.nodes[s.name] = Node(self, i, s.name, self.nodes[s.upstream], s.disk, s.net, s.sync)
-
-    @property
-    def standbys(self) -> list[Node]:
-        return [n for n in self.nodes.values() if not n.is_primary]
 
     def save_state(self) -> None:
         st = {
@@ -365,27 +423,11 @@ class Cluster:
             raise
         return self
 
-    def wait_streaming(self, timeout: float = 60) -> None:
-        for n in self.standbys:
-            if not n.running:
-                continue
-            wait_for(lambda: n.upstream.scalar(
-                "SELECT count(*) FROM pg_stat_replication WHERE application_name = %s AND state = 'streaming'",
-                (n.name,)), timeout, f"{n.name} streaming")
+    def prove(self) -> dict:
+        """Show that the build, disks and links are what the nodes are labelled with."""
+        from . import proof
 
-    def current_lsn(self) -> str:
-        return self.primary.scalar("SELECT pg_current_wal_lsn()::text")
-
-    def wait_replay(self, timeout: float = 120, lsn: str | None = None) -> float:
-        """Wait until every running standby has replayed the primary's current LSN."""
-        t0 = time.monotonic()
-        target = lsn or self.current_lsn()
-        for n in self.standbys:
-            if not n.running:
-                continue
-            wait_for(lambda: n.scalar("SELECT pg_wal_lsn_diff(pg_last_wal_replay_lsn(), %s::pg_lsn) >= 0",
-                                      (target,)), timeout, f"{n.name} to replay {target}")
-        return time.monotonic() - t0
+        return proof.prove(self)
 
     def set_setting(self, name: str, value, node: Node | None = None, reload: bool = True) -> None:
         node = node or self.primary
@@ -393,9 +435,6 @@ class Cluster:
             c.execute(f"ALTER SYSTEM SET {name} = {q(value)}")
             if reload:
                 c.execute("SELECT pg_reload_conf()")
-
-    def server_version(self) -> str:
-        return self.primary.scalar("SHOW server_version")
 
     def destroy(self) -> None:
         errors = []

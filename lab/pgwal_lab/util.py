@@ -13,6 +13,11 @@ from typing import NamedTuple
 
 LAB_DIR = Path(__file__).resolve().parent.parent
 REPO = LAB_DIR.parent
+# Run from a pgwal checkout (lab/pgwal-lab, lab/test.sh) or installed with
+# `pip install ./lab`; installed, nothing is taken from a checkout: servers
+# run via runuser, the shim is built in the work dir, results go to the
+# current directory, bin dirs and the proxy come from options or PATH.
+IN_CHECKOUT = (LAB_DIR / "pgwal-lab").exists() and (REPO / "tools" / "as-user").exists()
 AS_USER = REPO / "tools" / "as-user"
 BUILD_DIR = LAB_DIR / ".build"
 PREFIX = "pgwal"  # every namespace, veth, loop file and mount carries it
@@ -42,11 +47,19 @@ def state_dir() -> Path:
     return d
 
 
+def results_dir(name: str) -> Path:
+    """Where a run's results go by default: lab/results/ in a checkout, else
+    ./pgwal-lab-results/."""
+    base = LAB_DIR / "results" if IN_CHECKOUT else Path.cwd() / "pgwal-lab-results"
+    return base / name
+
+
 def default_pg_bin() -> Path:
     env = os.environ.get("PGWAL_LAB_PG_BIN")
     if env:
         return Path(env).resolve()
-    for cand in (REPO / ".build/install/check/bin", Path("/usr/lib/postgresql/15/bin")):
+    cands = [REPO / ".build/install/check/bin"] if IN_CHECKOUT else []
+    for cand in cands + [Path("/usr/lib/postgresql/15/bin")]:
         if (cand / "postgres").exists():
             return cand
     found = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"))
@@ -55,13 +68,36 @@ def default_pg_bin() -> Path:
     raise LabError("no PostgreSQL bin dir: set PGWAL_LAB_PG_BIN")
 
 
+_pg_user: str | None = None
+
+
 def pg_user() -> str:
-    """The unprivileged OS user servers run as."""
+    """The unprivileged OS user servers run as: tools/as-user's in a checkout
+    (which also lets it reach the checkout), else $PGWAL_USER (default
+    pgwal), created when missing."""
+    global _pg_user
     if not is_root():
         import pwd
 
         return pwd.getpwuid(os.geteuid()).pw_name
-    return subprocess.run([str(AS_USER), "--ensure"], check=True, capture_output=True, text=True).stdout.strip()
+    if _pg_user is None:
+        if IN_CHECKOUT:
+            _pg_user = subprocess.run([str(AS_USER), "--ensure"], check=True, capture_output=True,
+                                      text=True).stdout.strip()
+        else:
+            user = os.environ.get("PGWAL_USER", "pgwal")
+            if subprocess.run(["id", "-u", user], capture_output=True).returncode != 0:
+                subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", "--user-group", user],
+                               check=True, capture_output=True)
+            _pg_user = user
+    return _pg_user
+
+
+def as_pg_prefix() -> list[str]:
+    """The command prefix that drops from root to pg_user()."""
+    if IN_CHECKOUT:
+        return [str(AS_USER)]
+    return ["runuser", "-u", pg_user(), "--"]
 
 
 def chown_to_pg(path: Path) -> None:
@@ -75,7 +111,7 @@ def run(cmd, *, timeout: float = 120, check: bool = True, env=None, cwd=None, ne
     as_pg: drop to the unprivileged PostgreSQL user when root."""
     cmd = [str(c) for c in cmd]
     if as_pg and is_root():
-        cmd = [str(AS_USER)] + cmd
+        cmd = as_pg_prefix() + cmd
     if netns:
         cmd = ["ip", "netns", "exec", netns] + cmd
     full_env = None
@@ -187,9 +223,14 @@ def cpu_share_pct(before: CpuTimes | None, after: CpuTimes | None, field: str) -
 def netdelay_binary() -> Path:
     env = os.environ.get("PGWAL_NETDELAY")
     cands = [Path(env)] if env else []
-    cands += [REPO / "crates/target/release/pgwal-netdelay", BUILD_DIR / "netdelay/target/release/pgwal-netdelay",
-              REPO / "crates/target/debug/pgwal-netdelay"]
+    if IN_CHECKOUT:
+        cands += [REPO / "crates/target/release/pgwal-netdelay",
+                  BUILD_DIR / "netdelay/target/release/pgwal-netdelay", REPO / "crates/target/debug/pgwal-netdelay"]
+    on_path = shutil.which("pgwal-netdelay")
+    if on_path:
+        cands.append(Path(on_path))
     for c in cands:
         if c.exists():
             return c
-    raise LabError("pgwal-netdelay not built: cd crates && cargo build --release -p pgwal-netdelay")
+    raise LabError("pgwal-netdelay not found: in a checkout, cd crates && cargo build --release -p "
+                   "pgwal-netdelay; otherwise cargo install --path crates/pgwal-netdelay, or set PGWAL_NETDELAY")

@@ -34,7 +34,7 @@ class Workload:
 
     def init(self, node, pg_bin: Path, timeout: float = 600) -> None:
         if self.pgbench_init is not None:
-            run([pg_bin / "pgbench", "-i", "-q", *self.pgbench_init, *node.pgbench_conn_args(), "postgres"],
+            run([pg_bin / "pgbench", "-i", "-q", *self.pgbench_init, *node.pgbench_target()],
                 timeout=timeout)
         for s in self.init_sql:
             node.sql(s, timeout_s=timeout)
@@ -167,7 +167,7 @@ def run_pgbench(node, pg_bin: Path, wl: Workload, clients: int, duration: float 
             cmd += ["-f", str(script)]
         if log:
             cmd += ["-l", f"--log-prefix={tmp}/pgbench_log"]
-        cmd += list(extra or []) + node.pgbench_conn_args() + ["postgres"]
+        cmd += list(extra or []) + node.pgbench_target()
         limit = timeout or ((duration or 0) + 120 if duration else 600)
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, cwd=tmp,

@@ -33,12 +33,16 @@ SMOKE = {"profiles": ["lan-fast"], "scale": 1, "clients": 2, "iterations": 1, "d
          "settle": 0}
 
 
+EXISTING = "existing"  # the one profile of a user's cluster (--cluster): no emulation
+
+
 def run(ctx: Context, params: dict) -> list[dict]:
+    existing = ctx.extra.get("cluster")  # external.ClusterConf
     # custom_profiles: {"name": {"net": ..., "primary_disk": ..., "standby_disk": ...}}
-    known = dict(PROFILES)
+    known = {EXISTING: {}} if existing else dict(PROFILES)
     for name, env in (params.get("custom_profiles") or {}).items():
         known[name] = {"net": "none", "primary_disk": "nvme", "standby_disk": "nvme", **env}
-    profiles = as_list(params["profiles"])
+    profiles = [EXISTING] if existing else as_list(params["profiles"])
     for p in profiles:
         if p not in known:
             raise LabError(f"unknown profile {p!r} (known: {', '.join(known)}; add custom_profiles)")
@@ -49,9 +53,15 @@ def run(ctx: Context, params: dict) -> list[dict]:
     settings = {}
     if params.get("reply_events") and topology.version_settings(ctx.bin_dir):
         settings["wal_receiver_reply_events"] = ", ".join(as_list(params["reply_events"]))
-    spec = topology.ClusterSpec(bin_dir=ctx.bin_dir, primary_disk=first["primary_disk"], settings=settings,
-                                standbys=[topology.StandbySpec("s1", sync=True, disk=first["standby_disk"],
-                                                               net=first["net"])])
+    if existing:
+        from ..external import ExternalCluster
+
+        cluster_cm = ExternalCluster(existing, ctx.log)
+    else:
+        spec = topology.ClusterSpec(bin_dir=ctx.bin_dir, primary_disk=first["primary_disk"], settings=settings,
+                                    standbys=[topology.StandbySpec("s1", sync=True, disk=first["standby_disk"],
+                                                                   net=first["net"])])
+        cluster_cm = topology.Cluster(spec)
     if params.get("workload", "tpcb") == "tpcb":
         wl = tpcb(scale=int(params["scale"]))
     elif params["workload"] in WORKLOADS:
@@ -59,20 +69,42 @@ def run(ctx: Context, params: dict) -> list[dict]:
     else:
         raise LabError(f"unknown workload {params['workload']!r} (known: {', '.join(WORKLOADS)})")
     conf = method_conf(params)
-    with topology.Cluster(spec) as cluster:
-        levels = sync_levels(cluster.primary) if params["levels"] == "auto" else as_list(params["levels"])
+    with cluster_cm as cluster:
+        available = sync_levels(cluster.primary)
+        levels = available if params["levels"] == "auto" else as_list(params["levels"])
+        missing = [lvl for lvl in levels if lvl not in available]
+        if missing:
+            raise LabError(f"the server has no synchronous_commit level {', '.join(missing)} "
+                           f"(it has {', '.join(available)})")
         # flush_worker: the standby's wal_receiver_flush_worker (patched server only)
         has_fw = cluster.standbys[0].scalar(
             "SELECT count(*) FROM pg_settings WHERE name = 'wal_receiver_flush_worker'") == 1
+        standby_extra = {}
         fw_param = params.get("flush_worker", "auto")
+        if existing and fw_param == "auto" and "wal_receiver_flush_worker" not in existing.may_change:
+            # a user's standby keeps its own flush worker setting (recorded in the proof)
+            has_fw = False
+        has_replies = cluster.standbys[0].scalar(
+            "SELECT count(*) FROM pg_settings WHERE name = 'wal_receiver_reply_events'") == 1
+        if existing and has_replies and "wal_receiver_reply_events" in existing.may_change:
+            # what a lab-made standby gets at initdb, a user's by ALTER SYSTEM
+            standby_extra = {"wal_receiver_reply_events": ", ".join(as_list(params.get("reply_events")
+                                                                            or ["receive", "flush"]))}
+        elif existing and "remote_receive" in levels:
+            ctx.log("note: the standby keeps its own wal_receiver_reply_events; without 'receive' in it "
+                    "remote_receive waits like remote_write (allow the setting in may_change to set it)")
         fws = (["off", "on"] if has_fw else ["off"]) if fw_param == "auto" else as_list(fw_param)
-        if not has_fw and fws != ["off"]:
+        if not has_fw and fw_param != "auto" and fws != ["off"]:
             raise LabError("this server has no wal_receiver_flush_worker")
         # interleave_profiles: one group, so environments alternate run by run
         # (each switch restarts the standby/proxy); default: one group per profile
         one_group = bool(params.get("interleave_profiles"))
+
         def env(prof, fw):
-            return {**known[prof], "standby_settings": {"wal_receiver_flush_worker": fw}} if has_fw else known[prof]
+            standby = dict(standby_extra)
+            if has_fw:
+                standby["wal_receiver_flush_worker"] = fw
+            return {**known[prof], "standby_settings": standby} if standby else known[prof]
 
         def vname(prof, lvl, fw):
             name = lvl + ("+fw" if fw == "on" and lvl not in LOCAL_LEVELS else "")
@@ -85,4 +117,6 @@ def run(ctx: Context, params: dict) -> list[dict]:
                     for prof in profiles for lvl in levels for fw in fws
                     if fw == fws[0] or lvl not in LOCAL_LEVELS]
         ctx.log(f"{NAME}: levels {levels}, profiles {profiles}, server {cluster.server_version()}")
-        return ctx.run_variants(cluster, NAME, variants, conf, wl, "primary + 1 sync standby", params)
+        topo = (f"existing cluster: primary + {', '.join(s.name for s in cluster.standbys)}" if existing
+                else "primary + 1 sync standby")
+        return ctx.run_variants(cluster, NAME, variants, conf, wl, topo, params)

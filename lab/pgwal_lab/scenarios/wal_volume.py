@@ -74,8 +74,9 @@ def run(ctx: Context, params: dict) -> list[dict]:
         p = cluster.primary
         if ctx.set_total:
             ctx.set_total(len(levels) * iters, None)
+        # WAL volume does not depend on a disk's speed, but the build does
         common = dict(ctx.common, server_version=cluster.server_version(), topology="primary alone",
-                      namespaces=cluster.use_ns, params=params)
+                      namespaces=cluster.use_ns, params=params, proof=cluster.prove())
         for it in range(iters):
             for level in levels:
                 ctx.check_deadline(f"{level} iteration {it}")
