@@ -237,7 +237,6 @@ class ExternalCluster(ReplicationSet):
              "build": {"server_version": versions["primary"], "patched": "remote_receive" in levels,
                        "versions": versions},
              "replication": topo["standbys"], "standby_settings": standby_settings, "nodes": {}}
-        self.log("existing cluster: " + proof.summary(p) + ", no emulated disks or links")
         return p
 
     def restore(self) -> list[str]:

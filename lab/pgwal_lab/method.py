@@ -541,8 +541,16 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
 
 
 def run_groups(cluster, variants: list[Variant], conf: MethodConf, store, scenario: str, run_id: str,
-               common: dict, progress=None, deadline: float | None = None) -> list[dict]:
+               common: dict, progress=None, deadline: float | None = None, log=None) -> list[dict]:
     """Run every group's variants interleaved, `conf.iterations` times."""
+    from .proof import summary
+
+    def prove() -> dict:
+        p = cluster.prove()
+        if log:
+            log("environment proved: " + summary(p))
+        return p
+
     groups: dict[str, list[Variant]] = {}
     for v in variants:
         groups.setdefault(v.group, []).append(v)
@@ -550,13 +558,13 @@ def run_groups(cluster, variants: list[Variant], conf: MethodConf, store, scenar
     for gname, vs in groups.items():
         apply_env(cluster, vs[0].env)
         # nothing is measured under a label that is not in effect (proof.py)
-        proved = cluster.prove()
+        proved = prove()
         for it in range(conf.iterations):
             for v in vs:
                 if deadline and time.monotonic() > deadline:
                     raise LabError(f"scenario time limit reached in {gname} iteration {it}")
                 if apply_env(cluster, v.env):  # only when this variant's environment differs
-                    proved = cluster.prove()
+                    proved = prove()
                 apply_settings(cluster, v.settings)
                 if conf.reset_data:
                     v.workload.reset(cluster.primary)

@@ -197,7 +197,7 @@ def prove_build(cluster) -> dict:
             "build": info or None}
 
 
-def prove(cluster, log=None) -> dict:
+def prove(cluster) -> dict:
     """Check every label of a lab-made cluster; returns what was checked."""
     out = {"build": prove_build(cluster), "nodes": {}}
     for n in cluster.nodes.values():
@@ -207,14 +207,15 @@ def prove(cluster, log=None) -> dict:
         if n.upstream is not None:
             entry["link"] = prove_link(n)
         out["nodes"][n.name] = entry
-    if log:
-        log("environment proved: " + summary(out))
     return out
 
 
 def summary(p: dict) -> str:
     """One line: what was shown to be in effect."""
     parts = [("patched " if p["build"]["patched"] else "stock ") + str(p["build"]["server_version"])]
+    if p.get("external"):
+        parts.append("existing cluster " + ", ".join(f"{n} {r['sync_state']}" for n, r in p["replication"].items())
+                     + ", no emulated disks or links")
     for name, e in p.get("nodes", {}).items():
         d = e["disk"]
         s = f"{name}: disk {d['profile']}"

@@ -22,6 +22,7 @@ import matplotlib.ticker  # noqa: E402,F401
 import numpy as np  # noqa: E402
 
 from . import stats  # noqa: E402
+from .proof import summary  # noqa: E402
 from .store import cpu_label, is_busy  # noqa: E402
 
 
@@ -403,10 +404,14 @@ def render(records: list[dict], out: Path, title: str | None = None) -> Path:
                 env_text = "per variant: " + "; ".join(f"`{v}` {e or 'default'}" for v, e in envs.items())
             else:
                 env_text = str(vc.get("env") or "default")
+            # what proof.py showed in effect before the group's first run
+            proved = first.get("proof")
+            proved_text = f"Proved before the first run: {summary(proved)}." if proved else \
+                "Not proved (runs from before the lab checked its environment)."
             lines += [f"### {g}", "",
                       f"Environment: {env_text}; workload {vc.get('workload', {}).get('name')}, "
                       f"{vc.get('clients')} clients; runs interleaved, {first.get('method', {}).get('duration')} s "
-                      f"each.", "",
+                      f"each.", "", proved_text, "",
                       "| variant | n | TPS median | TPS mean | spread % | TPS 95% CI | lat p50 ms | lat p99 ms "
                       "| WAL B/txn | flush lag ms | replay lag ms | walsender CPU % | walreceiver CPU % "
                       "| walsender WAL reads | replies/s | proxy CPU % |",

@@ -50,7 +50,7 @@ class Context:
         common = dict(self.common, server_version=cluster.server_version(), topology=topology,
                       namespaces=cluster.use_ns, params=params)
         return run_groups(cluster, variants, conf, self.store, scenario, self.run_id, common, self.progress,
-                          self.deadline)
+                          self.deadline, self.log)
 
 
 def as_list(v) -> list:
