@@ -64,21 +64,29 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 fi
 
 # --- delay proxy and shim -----------------------------------------------------
-if ! command -v cargo >/dev/null; then
-	[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
-fi
-command -v cargo >/dev/null || { log "installing cargo"; apt_install cargo; }
-log "building pgwal-netdelay"
-if ! (cd crates && cargo build --release -q -p pgwal-netdelay); then
-	# the workspace may be broken by a sibling member; the crate has no
-	# dependencies, so build a standalone copy instead
-	log "workspace build failed; building a standalone copy"
-	rm -rf "$here/.build/netdelay"
-	mkdir -p "$here/.build/netdelay"
-	cp -r crates/pgwal-netdelay/. "$here/.build/netdelay/"
-	printf '\n[workspace]\n' >>"$here/.build/netdelay/Cargo.toml"
-	(cd "$here/.build/netdelay" && cargo build --release -q)
-	export PGWAL_NETDELAY="$here/.build/netdelay/target/release/pgwal-netdelay"
+build_netdelay() {
+	if ! command -v cargo >/dev/null; then
+		[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+	fi
+	command -v cargo >/dev/null || { log "installing cargo"; apt_install cargo; }
+	log "building pgwal-netdelay"
+	if ! (cd crates && cargo build --release -q -p pgwal-netdelay); then
+		# the workspace may be broken by a sibling member; the crate has no
+		# dependencies, so build a standalone copy instead
+		log "workspace build failed; building a standalone copy"
+		rm -rf "$here/.build/netdelay"
+		mkdir -p "$here/.build/netdelay"
+		cp -r crates/pgwal-netdelay/. "$here/.build/netdelay/"
+		printf '\n[workspace]\n' >>"$here/.build/netdelay/Cargo.toml"
+		(cd "$here/.build/netdelay" && cargo build --release -q)
+		export PGWAL_NETDELAY="$here/.build/netdelay/target/release/pgwal-netdelay"
+	fi
+}
+if [ -n "${PGWAL_NETDELAY:-}" ] && [ -x "$PGWAL_NETDELAY" ]; then
+	# built or installed elsewhere: e.g. a user without a Rust toolchain
+	log "using pgwal-netdelay $PGWAL_NETDELAY"
+else
+	build_netdelay
 fi
 log "building the fsync shim"
 PYTHONPATH="$here" "$venv/bin/python" -m pgwal_lab build-shim >/dev/null

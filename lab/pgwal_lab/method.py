@@ -545,9 +545,9 @@ def run_groups(cluster, variants: list[Variant], conf: MethodConf, store, scenar
     """Run every group's variants interleaved, `conf.iterations` times."""
     from .proof import summary
 
-    def prove() -> dict:
+    def prove(first: bool = False) -> dict:
         p = cluster.prove()
-        if log:
+        if log and first:  # re-proofs within a group are stored, and only a failure is told
             log("environment proved: " + summary(p))
         return p
 
@@ -558,7 +558,7 @@ def run_groups(cluster, variants: list[Variant], conf: MethodConf, store, scenar
     for gname, vs in groups.items():
         apply_env(cluster, vs[0].env)
         # nothing is measured under a label that is not in effect (proof.py)
-        proved = prove()
+        proved = prove(first=True)
         for it in range(conf.iterations):
             for v in vs:
                 if deadline and time.monotonic() > deadline:
