@@ -18,7 +18,7 @@ import pytest
 from pgwal_lab import external, topology
 from pgwal_lab.util import LAB_DIR, LabError
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
 
 def auto_conf(node) -> dict:
@@ -68,6 +68,7 @@ def user_cluster(pg_bin):
 ALL = ["synchronous_commit", "wal_receiver_flush_worker", "wal_receiver_reply_events"]
 
 
+@needs_root
 def test_sync_modes_on_an_existing_cluster(user_cluster, pg_bin, tmp_path):
     c = user_cluster
     before = {n: auto_conf(c.nodes[n]) for n in ("primary", "s1")}
@@ -96,6 +97,7 @@ def test_sync_modes_on_an_existing_cluster(user_cluster, pg_bin, tmp_path):
     assert c.primary.scalar("SHOW synchronous_commit") == "remote_write"
 
 
+@needs_root
 def test_refuses_a_setting_it_may_not_change(user_cluster, pg_bin, tmp_path):
     c = user_cluster
     if c.nodes["s1"].scalar("SELECT count(*) FROM pg_settings WHERE name = 'wal_receiver_flush_worker'") == 0:
@@ -109,6 +111,7 @@ def test_refuses_a_setting_it_may_not_change(user_cluster, pg_bin, tmp_path):
     assert auto_conf(c.nodes["s1"]) == before
 
 
+@needs_root
 def test_refuses_a_level_the_server_lacks(stock_bin, tmp_path):
     spec = topology.simple_spec(stock_bin, standbys=1, sync=True)
     with topology.Cluster(spec) as c:
@@ -120,6 +123,7 @@ def test_refuses_a_level_the_server_lacks(stock_bin, tmp_path):
         assert auto_conf(c.primary) == {}
 
 
+@needs_root
 def test_interrupted_run_restores_settings(user_cluster, pg_bin, tmp_path):
     c = user_cluster
     before = {n: auto_conf(c.nodes[n]) for n in ("primary", "s1")}

@@ -71,10 +71,14 @@ def test_link_label_without_its_proxy_is_refused(pair):
     assert proof.prove_link(s1)["proxy"]
 
 
-def test_another_build_than_the_bin_dir_is_refused(pair, stock_bin, monkeypatch):
+def test_another_build_than_the_bin_dir_is_refused(pair, tmp_path, monkeypatch):
+    # a bin dir whose postgres is another program than the one running
+    other = tmp_path / "bin"
+    other.mkdir()
+    shutil.copy("/bin/true", other / "postgres")
     real = pair.spec.bin_dir
     try:
-        pair.spec.bin_dir = stock_bin
+        pair.spec.bin_dir = other
         with pytest.raises(proof.ProofError, match="the postmaster executes"):
             proof.prove_build(pair)
     finally:
