@@ -429,12 +429,8 @@ class Cluster(ReplicationSet):
 
         return proof.prove(self)
 
-    def set_setting(self, name: str, value, node: Node | None = None, reload: bool = True) -> None:
-        node = node or self.primary
-        with node.connect() as c:
-            c.execute(f"ALTER SYSTEM SET {name} = {q(value)}")
-            if reload:
-                c.execute("SELECT pg_reload_conf()")
+    def set_setting(self, name: str, value, node: Node | None = None) -> None:
+        (node or self.primary).alter_system({name: value})
 
     def destroy(self) -> None:
         errors = []

@@ -17,8 +17,8 @@ def _compile(source: Path, name: str, flags: list[str], libs: list[str], force: 
     """cc `source` into lab/.build (ignored), or the work dir where that is
     not writable (a non-root user on a root-owned checkout, an installed lab)."""
     d = BUILD_DIR
-    probe = d if d.exists() else d.parent
-    if not IN_CHECKOUT or not os.access(probe, os.W_OK):
+    existing = d if d.exists() else d.parent
+    if not IN_CHECKOUT or not os.access(existing, os.W_OK):
         d = workdir() / "build"
     out = d / name
     if not force and out.exists() and out.stat().st_mtime >= source.stat().st_mtime:
