@@ -331,6 +331,10 @@ def cmd_up(args) -> int:
             for n in c.nodes.values():
                 print(f"{n.name}: psql '{n.conninfo()}'  (netns {n.netns or '-'}, disk {n.disk_profile.name}"
                       + (f", link {n.net_profile.name}" if n.upstream else "") + ")")
+            # a held cluster may stand in for a user's (--cluster): its labels are proved too
+            from .proof import summary
+
+            print(f"environment proved: {summary(c.prove())}", flush=True)
             print(f"holding for {args.hold:g} s (Ctrl-C to stop)", flush=True)
             time.sleep(args.hold)
     except KeyboardInterrupt:
