@@ -324,6 +324,8 @@ fn replication_messages_roundtrip() {
         wal_end: Lsn(5),
         server_time: PgTimestamp(6),
         reply_requested: false,
+        receive_position_wanted: false,
+        early_receipt_wanted: false,
     });
     for m in [x, k] {
         let mut b = BytesMut::new();

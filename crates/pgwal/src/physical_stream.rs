@@ -207,6 +207,7 @@ impl PhysicalReceiver {
             written: Lsn::INVALID,
             flushed: Lsn::INVALID,
             reported: (Lsn::INVALID, Lsn::INVALID),
+            server_knows_receive: false,
         };
         let resume = r.with_dir(|w| w.resume_point()).await?;
         let (start, mut timeline) = match (r.pc.start, resume) {
@@ -282,6 +283,9 @@ struct Receiver {
     flushed: Lsn,
     /// `(write, flush)` of the last status update.
     reported: (Lsn, Lsn),
+    /// The server said it understands the receive pointer (keepalive byte 2
+    /// or 3); only then do status updates carry it.
+    server_knows_receive: bool,
 }
 
 /// A batch of messages read from the socket without waiting.
@@ -335,7 +339,8 @@ impl Receiver {
             apply: Lsn::INVALID,
             client_time: PgTimestamp::now(),
             reply_requested: false,
-            receive: self.pc.receive_pointer.then_some(self.received),
+            receive: (self.pc.receive_pointer && self.server_knows_receive)
+                .then_some(self.received),
         };
         let mut body = BytesMut::with_capacity(StandbyStatusUpdate::EXTENDED_LEN);
         msg.encode(&mut body);
@@ -409,7 +414,8 @@ impl Receiver {
                         b.chunks.push((x.wal_start, x.data));
                     }
                     BackendReplicationMessage::PrimaryKeepalive(k) => {
-                        b.reply_requested |= k.reply_requested
+                        b.reply_requested |= k.reply_requested;
+                        self.server_knows_receive |= k.receive_position_wanted;
                     }
                     _ => {}
                 },
