@@ -51,8 +51,7 @@ impl PrimaryKeepalive {
             wal_end,
             server_time,
             reply_requested: request != NO_REPLY,
-            receive_position_wanted: request == REPORT_RECEIVE
-                || request == REPORT_RECEIPT_EARLY,
+            receive_position_wanted: request == REPORT_RECEIVE || request == REPORT_RECEIPT_EARLY,
             early_receipt_wanted: request == REPORT_RECEIPT_EARLY,
         };
         r.finish("keepalive")?;
