@@ -11,10 +11,11 @@ from pgwal_lab.workloads import counter_reader, hot_counter
 
 def test_parse_level_modifiers():
     assert parse_level("on") == ({"synchronous_commit": "on"}, {})
+    # the lab's name for local with early release (the server has no such level)
     assert parse_level("local_non_durable_reads+durable_snapshots") == (
-        {"synchronous_commit": "local_non_durable_reads", "durable_snapshots": "on"}, {})
+        {"synchronous_commit": "local", "commit_early_release": "on", "durable_snapshots": "on"}, {})
     assert parse_level("local_non_durable_reads+durable_readers") == (
-        {"synchronous_commit": "local_non_durable_reads"}, {"durable_snapshots": "on"})
+        {"synchronous_commit": "local", "commit_early_release": "on"}, {"durable_snapshots": "on"})
     assert parse_level("local+commit_early_release")[0]["commit_early_release"] == "on"
     with pytest.raises(LabError):
         parse_level("on+bogus")
@@ -22,12 +23,12 @@ def test_parse_level_modifiers():
 
 def test_level_settings_reset_gucs_for_other_levels():
     s = level_settings(["on", "local_non_durable_reads+durable_snapshots", "off"])
-    assert s["on"][0] == {"synchronous_commit": "on", "durable_snapshots": "off"}
+    assert s["on"][0] == {"synchronous_commit": "on", "commit_early_release": "off", "durable_snapshots": "off"}
     assert s["off"][0]["durable_snapshots"] == "off"
     assert s["local_non_durable_reads+durable_snapshots"][0]["durable_snapshots"] == "on"
     # reader-only settings are not written with ALTER SYSTEM
     s = level_settings(["on", "local_non_durable_reads+durable_readers"])
-    assert s["on"][0] == {"synchronous_commit": "on"}
+    assert s["on"][0] == {"synchronous_commit": "on", "commit_early_release": "off"}
 
 
 def test_matrix_variants_groups_and_readers():

@@ -75,7 +75,7 @@ def test_hot_counter_readers_smoke(pg_bin, tmp_path):
         assert r["variant_config"]["readers"] == 2
         if r["variant"].endswith("+durable_readers"):
             assert r["variant_config"]["reader_settings"] == {"durable_snapshots": "on"}
-            assert r["variant_config"]["settings"] == {"synchronous_commit": "local_non_durable_reads"}
+            assert r["variant_config"]["settings"] == {"synchronous_commit": "local", "commit_early_release": "on"}
     text = (out / "report.md").read_text()
     assert "Reader clients" in text and "WAL fsyncs/txn" in text
     # vacuum=false turns the vacuum before each run off (JSON value, as with --set)

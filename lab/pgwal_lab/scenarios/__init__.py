@@ -13,11 +13,27 @@ from ..util import LabError
 # canonical order, weakest promise first; unknown levels go before "on"
 LEVEL_ORDER = ["off", "local", "local_non_durable_reads", "remote_receive", "remote_write", "on", "remote_apply"]
 
+# Lab names for levels the server spells with two settings.  The patched
+# server has no synchronous_commit = local_non_durable_reads (the name of a
+# 2018 experiment); the lab keeps the name, which labels the early-release
+# results in docs/results, for local with commit_early_release.
+LEVEL_ALIASES = {"local_non_durable_reads": {"synchronous_commit": "local", "commit_early_release": "on"}}
+
+
+def level_gucs(level: str) -> dict:
+    """The server settings of a level name (an alias or a synchronous_commit value)."""
+    return dict(LEVEL_ALIASES.get(level, {"synchronous_commit": level}))
+
 
 def sync_levels(node) -> list[str]:
-    """Every synchronous_commit level the server accepts, in promise order."""
+    """Every level the server offers, in promise order: its synchronous_commit
+    values, and the lab's aliases for those combined with commit_early_release
+    where the server has that setting."""
     vals = node.scalar("SELECT enumvals FROM pg_settings WHERE name = 'synchronous_commit'")
     vals = [v for v in vals if v not in ("true", "false", "yes", "no", "1", "0")]
+    if node.scalar("SELECT count(*) FROM pg_settings WHERE name = 'commit_early_release'") == 1:
+        vals += [a for a, gucs in LEVEL_ALIASES.items()
+                 if a not in vals and gucs["synchronous_commit"] in vals]
     known = [v for v in LEVEL_ORDER if v in vals]
     extra = [v for v in vals if v not in LEVEL_ORDER]
     return known[: known.index("on")] + extra + known[known.index("on"):] if "on" in known else known + extra

@@ -18,7 +18,7 @@ from .. import topology
 from ..method import Variant
 from ..util import LabError
 from ..workloads import Workload, counter_reader, hot_counter
-from . import Context, as_list, method_conf, sync_levels
+from . import Context, as_list, level_gucs, method_conf, sync_levels
 
 NAME = "hot-counter"
 DEFAULTS = {"clients": [1, 8, 32, 64, 128], "fsync_ms": [0.2, 1, 10], "levels": "auto", "readers": [0],
@@ -37,7 +37,7 @@ def disk_for(fsync_ms: float) -> str:
 def parse_level(level: str) -> tuple[dict, dict]:
     """'local_non_durable_reads+durable_readers' -> (writer settings, reader session settings)."""
     base, *mods = [x.strip() for x in str(level).split("+")]
-    settings, reader = {"synchronous_commit": base}, {}
+    settings, reader = level_gucs(base), {}
     for m in mods:
         if m not in MODIFIERS:
             raise LabError(f"unknown level modifier {m!r} in {level!r} (known: {', '.join(MODIFIERS)})")

@@ -16,7 +16,7 @@ from .. import topology
 from ..method import Variant
 from ..util import LabError
 from ..workloads import WORKLOADS, tpcb
-from . import Context, as_list, method_conf, sync_levels
+from . import Context, as_list, level_gucs, method_conf, sync_levels
 
 NAME = "sync-modes"
 # levels that do not wait for the standby: the flush worker cannot matter
@@ -109,10 +109,17 @@ def run(ctx: Context, params: dict) -> list[dict]:
         def vname(prof, lvl, fw):
             name = lvl + ("+fw" if fw == "on" and lvl not in LOCAL_LEVELS else "")
             return f"{prof}/{name}" if one_group else name
+        # Settings per level; a setting that one level needs (an alias's
+        # commit_early_release) is set to off explicitly by the others, so
+        # that ALTER SYSTEM from one variant never leaks into the next.
+        gucs = {lvl: level_gucs(lvl) for lvl in levels}
+        for g in {g for s in gucs.values() for g in s}:
+            for s in gucs.values():
+                s.setdefault(g, "off")
         # A level that does not wait for the standby runs once, whatever
         # flush_worker lists (the standby's flush path does not affect it).
         variants = [Variant(vname(prof, lvl, fw), "all profiles" if one_group else prof, wl, int(params["clients"]),
-                            {"synchronous_commit": lvl}, env(prof, fw),
+                            dict(gucs[lvl]), env(prof, fw),
                             {"level": lvl, "profile": prof, "flush_worker": fw})
                     for prof in profiles for lvl in levels for fw in fws
                     if fw == fws[0] or lvl not in LOCAL_LEVELS]
