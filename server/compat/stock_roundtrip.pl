@@ -1,0 +1,173 @@
+
+# Copyright (c) 2026, PostgreSQL Global Development Group
+
+# The patched server is a drop-in for stock PostgreSQL 18: a data directory
+# made by the unpatched build of the same source starts on the patched build
+# and back again (no catalog version bump, no pg_upgrade), the statistics
+# views work on the stock catalog (the patch appends its columns), and the
+# two builds replicate to each other both ways, so that a patched standby
+# never sends a stock primary the receive position it would not understand,
+# and a stock standby releases remote_receive commits of a patched primary at
+# its write position.
+#
+# server/pg test builds the unpatched flavour ("stock", .build/install/stock)
+# and runs this file with the recovery suite's harness, which puts the patched
+# build first in PATH.  PGWAL_STOCK_INSTALL names the stock installation.
+use strict;
+use warnings FATAL => 'all';
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $stock = $ENV{PGWAL_STOCK_INSTALL};
+plan skip_all => 'PGWAL_STOCK_INSTALL is not set (server/pg test sets it)'
+  unless $stock;
+BAIL_OUT("PGWAL_STOCK_INSTALL=$stock has no bin/postgres")
+  unless -x "$stock/bin/postgres";
+BAIL_OUT("PGWAL_STOCK_INSTALL=$stock is a patched build")
+  if -e "$stock/PGWAL-BUILD";
+
+# Run a node on the other build.  Cluster.pm takes the binaries of a node
+# from its install path; without one, from PATH (the patched build here).
+sub use_build
+{
+	my ($node, $path) = @_;
+	if (defined $path)
+	{
+		$node->{_install_path} = $path;
+	}
+	else
+	{
+		delete $node->{_install_path};
+	}
+}
+
+sub is_patched
+{
+	my ($node) = @_;
+	return $node->safe_psql('postgres',
+		"SELECT count(*) FROM pg_settings WHERE name = 'commit_early_release'");
+}
+
+# --- a stock data directory on the patched build and back ---------------------
+
+my $node = PostgreSQL::Test::Cluster->new('stockdata', install_path => $stock);
+$node->init(allows_streaming => 1);
+$node->start;
+is(is_patched($node), '0', 'the data directory is made by the stock build');
+is($node->safe_psql('postgres', 'SHOW data_checksums'),
+	'on', 'with data checksums, the default of 18');
+$node->safe_psql('postgres', q[
+	CREATE TABLE t (id int PRIMARY KEY, note text);
+	INSERT INTO t VALUES (1, 'stock');
+]);
+my $catversion_stock = $node->safe_psql('postgres',
+	'SELECT catalog_version_no FROM pg_control_system()');
+$node->stop;
+
+use_build($node, undef);
+$node->start;
+is(is_patched($node), '1', 'the same data directory runs on the patched build');
+is( $node->safe_psql(
+		'postgres', 'SELECT catalog_version_no FROM pg_control_system()'),
+	$catversion_stock,
+	'same catalog version');
+$node->safe_psql(
+	'postgres', q[
+	SET synchronous_commit = remote_receive;
+	SET commit_early_release = on;
+	SET durable_snapshots = on;
+	INSERT INTO t VALUES (2, 'patched');
+]);
+is($node->safe_psql('postgres', 'SELECT string_agg(note, \',\' ORDER BY id) FROM t'),
+	'stock,patched', 'data written by both builds');
+# The stock catalog asks pg_stat_get_wal_senders()/pg_stat_get_wal_receiver()
+# for the stock columns only; the patched functions must fit.
+is( $node->safe_psql(
+		'postgres',
+		'SELECT count(*) FROM pg_stat_replication; SELECT count(*) FROM pg_stat_wal_receiver'
+	),
+	"0\n0",
+	'pg_stat_replication and pg_stat_wal_receiver work on the stock catalog');
+$node->stop;
+
+use_build($node, $stock);
+$node->start;
+is(is_patched($node), '0', 'and back on the stock build');
+is($node->safe_psql('postgres', 'SELECT string_agg(note, \',\' ORDER BY id) FROM t'),
+	'stock,patched', 'the stock build reads what the patched build wrote');
+
+# --- replication between the builds, both ways --------------------------------
+
+# A stock primary with a patched synchronous standby.
+$node->safe_psql('postgres', 'CHECKPOINT');
+$node->backup('b1');
+my $standby = PostgreSQL::Test::Cluster->new('patched_standby');
+$standby->init_from_backup($node, 'b1', has_streaming => 1);
+use_build($standby, undef);
+# debug1 from the start: the walreceiver logs when a primary says it
+# understands receive positions, which happens when streaming starts.
+$standby->append_conf('postgresql.conf',
+	"wal_receiver_reply_events = 'receive, write, flush'\nlog_min_messages = debug1");
+$standby->start;
+is(is_patched($standby), '1', 'the standby runs the patched build');
+$node->append_conf('postgresql.conf',
+	"synchronous_standby_names = 'patched_standby'");
+$node->reload;
+$node->poll_query_until('postgres', q[
+	SELECT sync_state = 'sync' FROM pg_stat_replication
+	WHERE application_name = 'patched_standby'])
+  or die 'the patched standby did not become synchronous';
+$node->safe_psql('postgres',
+	"SET synchronous_commit = remote_write; INSERT INTO t VALUES (3, 'to patched')");
+$node->safe_psql('postgres',
+	"SET synchronous_commit = on; INSERT INTO t VALUES (4, 'to patched, on')");
+$node->wait_for_replay_catchup($standby);
+is($standby->safe_psql('postgres', 'SELECT count(*) FROM t'),
+	'4', 'a stock primary replicates to a patched synchronous standby');
+# Status updates without the receive position, which a stock primary never
+# asks for: had the standby appended it, this PostgreSQL 18 primary would
+# still accept it, so check the standby's own debug output.
+unlike(slurp_file($standby->logfile),
+	qr/primary server understands receive positions/,
+	'the patched standby was not asked for receive positions by the stock primary');
+$standby->stop;
+$node->stop;
+
+# A patched primary with a stock synchronous standby.
+my $primary = PostgreSQL::Test::Cluster->new('patched_primary');
+$primary->init(allows_streaming => 1);
+$primary->start;
+$primary->safe_psql('postgres', 'CREATE TABLE t (id int, note text)');
+$primary->backup('b2');
+my $stock_standby = PostgreSQL::Test::Cluster->new('stock_standby');
+$stock_standby->init_from_backup($primary, 'b2', has_streaming => 1);
+use_build($stock_standby, $stock);
+$stock_standby->start;
+is(is_patched($stock_standby), '0', 'the standby runs the stock build');
+$primary->append_conf('postgresql.conf',
+	"synchronous_standby_names = 'stock_standby'");
+$primary->reload;
+$primary->poll_query_until('postgres', q[
+	SELECT sync_state = 'sync' FROM pg_stat_replication
+	WHERE application_name = 'stock_standby'])
+  or die 'the stock standby did not become synchronous';
+# remote_receive asks the standby for early receipt (keepalive byte 3); a
+# stock standby answers like any reply request, and the commit is released
+# at its write position.
+$primary->safe_psql('postgres',
+	"SET synchronous_commit = remote_receive; INSERT INTO t VALUES (1, 'remote_receive')");
+$primary->safe_psql('postgres',
+	"SET synchronous_commit = remote_apply; INSERT INTO t VALUES (2, 'remote_apply')");
+is($stock_standby->safe_psql('postgres', 'SELECT count(*) FROM t'),
+	'2', 'a patched primary replicates to a stock synchronous standby');
+is( $primary->safe_psql(
+		'postgres', q[
+	SELECT receive_lsn IS NULL AND write_lsn IS NOT NULL FROM pg_stat_replication
+	WHERE application_name = 'stock_standby']),
+	't',
+	'a stock standby reports no receive position');
+$stock_standby->stop;
+$primary->stop;
+
+done_testing();
