@@ -71,7 +71,13 @@ def run(ctx: Context, params: dict) -> list[dict]:
     conf = method_conf(params)
     with cluster_cm as cluster:
         available = sync_levels(cluster.primary)
-        levels = available if params["levels"] == "auto" else as_list(params["levels"])
+        auto = available
+        if existing:
+            # "auto" leaves out the levels that need a setting the cluster
+            # file does not let us change (local_non_durable_reads needs
+            # commit_early_release); asked for by name, they are refused
+            auto = [lvl for lvl in available if set(level_gucs(lvl)) <= set(existing.may_change)]
+        levels = auto if params["levels"] == "auto" else as_list(params["levels"])
         missing = [lvl for lvl in levels if lvl not in available]
         if missing:
             raise LabError(f"the server has no synchronous_commit level {', '.join(missing)} "
@@ -91,8 +97,10 @@ def run(ctx: Context, params: dict) -> list[dict]:
             standby_extra = {"wal_receiver_reply_events": ", ".join(as_list(params.get("reply_events")
                                                                             or ["receive", "flush"]))}
         elif existing and "remote_receive" in levels:
-            ctx.log("note: the standby keeps its own wal_receiver_reply_events; without 'receive' in it "
-                    "remote_receive waits like remote_write (allow the setting in may_change to set it)")
+            ctx.log("note: the standby keeps its own wal_receiver_reply_events; a primary with patch 0007 "
+                    "asks a synchronous standby for early receipt anyway, an older one does not, and then "
+                    "remote_receive waits like remote_write unless 'receive' is listed "
+                    "(allow the setting in may_change to set it)")
         fws = (["off", "on"] if has_fw else ["off"]) if fw_param == "auto" else as_list(fw_param)
         if not has_fw and fw_param != "auto" and fws != ["off"]:
             raise LabError("this server has no wal_receiver_flush_worker")
