@@ -42,6 +42,19 @@ sub use_build
 	}
 }
 
+# Make $standby_name the synchronous standby of $primary, and wait for it.
+sub make_synchronous
+{
+	my ($primary, $standby_name) = @_;
+	$primary->append_conf('postgresql.conf',
+		"synchronous_standby_names = '$standby_name'");
+	$primary->reload;
+	$primary->poll_query_until('postgres', qq[
+	SELECT sync_state = 'sync' FROM pg_stat_replication
+	WHERE application_name = '$standby_name'])
+	  or die "$standby_name did not become synchronous";
+}
+
 sub is_patched
 {
 	my ($node) = @_;
@@ -111,13 +124,7 @@ $standby->append_conf('postgresql.conf',
 	"wal_receiver_reply_events = 'receive, write, flush'\nlog_min_messages = debug1");
 $standby->start;
 is(is_patched($standby), '1', 'the standby runs the patched build');
-$node->append_conf('postgresql.conf',
-	"synchronous_standby_names = 'patched_standby'");
-$node->reload;
-$node->poll_query_until('postgres', q[
-	SELECT sync_state = 'sync' FROM pg_stat_replication
-	WHERE application_name = 'patched_standby'])
-  or die 'the patched standby did not become synchronous';
+make_synchronous($node, 'patched_standby');
 $node->safe_psql('postgres',
 	"SET synchronous_commit = remote_write; INSERT INTO t VALUES (3, 'to patched')");
 $node->safe_psql('postgres',
@@ -145,13 +152,7 @@ $stock_standby->init_from_backup($primary, 'b2', has_streaming => 1);
 use_build($stock_standby, $stock);
 $stock_standby->start;
 is(is_patched($stock_standby), '0', 'the standby runs the stock build');
-$primary->append_conf('postgresql.conf',
-	"synchronous_standby_names = 'stock_standby'");
-$primary->reload;
-$primary->poll_query_until('postgres', q[
-	SELECT sync_state = 'sync' FROM pg_stat_replication
-	WHERE application_name = 'stock_standby'])
-  or die 'the stock standby did not become synchronous';
+make_synchronous($primary, 'stock_standby');
 # remote_receive asks the standby for early receipt (keepalive byte 3); a
 # stock standby answers like any reply request, and the commit is released
 # at its write position.
