@@ -32,7 +32,10 @@ def test_scenario_smoke(name, pg_bin, tmp_path):
             assert m["host_cpu_busy_pct"] is not None and m["pgbench_cpu_pct"] > 0
             assert 0 <= m["host_cpu_steal_pct"] <= 100
             if name == "sync-modes":  # lan-fast: the standby's link runs through the delay proxy
-                assert m["proxy_cpu_pct"] is not None and m["proxy_cpu_pct"] > 0
+                # measured, and the proxy carried the stream; its CPU is counted in clock
+                # ticks (10 ms), so a smoke run may see none
+                assert m["proxy_cpu_pct"] is not None and m["proxy_cpu_pct"] >= 0
+                assert m["wal_chunks_per_s"] and m["wal_chunks_per_s"] > 0
                 assert m["links"]["s1"]["up_ms"] == 0.05 and m["links"]["s1"]["spin_us"] == 20
             elif name == "hot-counter":  # primary alone: no proxy to measure
                 assert m["proxy_cpu_pct"] is None

@@ -112,7 +112,10 @@ is($node->safe_psql('postgres', 'SELECT string_agg(note, \',\' ORDER BY id) FROM
 
 # --- replication between the builds, both ways --------------------------------
 
-# A stock primary with a patched synchronous standby.
+# A stock primary with a patched synchronous standby, which would accept
+# unflushed WAL from a primary that reports the feature.
+$node->append_conf('postgresql.conf', 'log_replication_commands = on');
+$node->reload;
 $node->safe_psql('postgres', 'CHECKPOINT');
 $node->backup('b1');
 my $standby = PostgreSQL::Test::Cluster->new('patched_standby');
@@ -121,7 +124,7 @@ use_build($standby, undef);
 # debug1 from the start: the walreceiver logs when a primary says it
 # understands receive positions, which happens when streaming starts.
 $standby->append_conf('postgresql.conf',
-	"wal_receiver_reply_events = 'receive, write, flush'\nlog_min_messages = debug1");
+	"wal_receiver_reply_events = 'receive, write, flush'\nlog_min_messages = debug1\nwal_receiver_accept_unflushed = on");
 $standby->start;
 is(is_patched($standby), '1', 'the standby runs the patched build');
 make_synchronous($node, 'patched_standby');
@@ -138,6 +141,17 @@ is($standby->safe_psql('postgres', 'SELECT count(*) FROM t'),
 unlike(slurp_file($standby->logfile),
 	qr/primary server understands receive positions/,
 	'the patched standby was not asked for receive positions by the stock primary');
+# The stock primary does not report replication_features, so the standby
+# never sends it the UNFLUSHED_WAL option, and replays without a cap.
+like(slurp_file($node->logfile),
+	qr/received replication command: START_REPLICATION .*TIMELINE 1\n/,
+	'the stock primary got START_REPLICATION');
+unlike(slurp_file($node->logfile), qr/UNFLUSHED_WAL/,
+	'the stock primary never sees the UNFLUSHED_WAL option');
+is( $standby->safe_psql(
+		'postgres', 'SELECT upstream_flush_lsn IS NULL FROM pg_stat_wal_receiver'),
+	't',
+	'the patched standby has no upstream flush position from a stock primary');
 $standby->stop;
 $node->stop;
 

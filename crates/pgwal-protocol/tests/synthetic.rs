@@ -327,7 +327,8 @@ fn replication_messages_roundtrip() {
         receive_position_wanted: false,
         early_receipt_wanted: false,
     });
-    for m in [x, k] {
+    let f = BackendReplicationMessage::SenderFlush(SenderFlush { flush: Lsn(7) });
+    for m in [x, k, f] {
         let mut b = BytesMut::new();
         m.encode(&mut b);
         assert_eq!(BackendReplicationMessage::decode(b.freeze()).unwrap(), m);
@@ -452,4 +453,16 @@ fn truncation_errors_name_the_field() {
     for (msg, want) in cases {
         assert_eq!(fields(&msg), want, "{msg:?}");
     }
+}
+
+#[test]
+fn sender_flush_ignores_appended_fields_and_rejects_short_bodies() {
+    let mut raw = vec![b'f'];
+    raw.extend_from_slice(&0x0300_0028u64.to_be_bytes());
+    raw.extend_from_slice(b"later");
+    assert_eq!(
+        BackendReplicationMessage::decode(Bytes::from(raw)).unwrap(),
+        BackendReplicationMessage::SenderFlush(SenderFlush { flush: Lsn(0x0300_0028) })
+    );
+    assert!(BackendReplicationMessage::decode(Bytes::from_static(b"f\0\0\0")).is_err());
 }

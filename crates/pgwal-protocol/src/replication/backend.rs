@@ -2,7 +2,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::{PrimaryKeepalive, XLogData};
+use super::{PrimaryKeepalive, SenderFlush, XLogData};
 use crate::DecodeError;
 
 /// A CopyData payload sent by the server during replication.
@@ -13,6 +13,9 @@ pub enum BackendReplicationMessage {
     XLogData(XLogData),
     /// `k`: the server's WAL end and whether it wants a reply.
     PrimaryKeepalive(PrimaryKeepalive),
+    /// `f`: how far the streamed WAL is durable on the server (only to
+    /// clients that asked with `UNFLUSHED_WAL`).
+    SenderFlush(SenderFlush),
 }
 
 impl BackendReplicationMessage {
@@ -37,6 +40,7 @@ impl BackendReplicationMessage {
         match tag {
             b'w' => Ok(Self::XLogData(XLogData::decode_body(rest)?)),
             b'k' => Ok(Self::PrimaryKeepalive(PrimaryKeepalive::decode_body(rest)?)),
+            b'f' => Ok(Self::SenderFlush(SenderFlush::decode_body(rest)?)),
             tag => Err(DecodeError::UnknownTag {
                 context: "replication message",
                 tag,
@@ -54,6 +58,10 @@ impl BackendReplicationMessage {
             Self::PrimaryKeepalive(k) => {
                 buf.put_u8(b'k');
                 k.encode_body(buf);
+            }
+            Self::SenderFlush(f) => {
+                buf.put_u8(b'f');
+                f.encode_body(buf);
             }
         }
     }
