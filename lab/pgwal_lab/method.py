@@ -122,6 +122,24 @@ def set_reloadable(node, settings: dict, timeout: float = 10) -> bool:
 
 def apply_settings(cluster, settings: dict, timeout: float = 10) -> None:
     set_reloadable(cluster.primary, settings, timeout)
+    if "stream_unflushed_wal" in settings:
+        check_send_mode(cluster, "written" if settings["stream_unflushed_wal"] == "written" else "flushed",
+                        timeout)
+
+
+def check_send_mode(cluster, want: str, timeout: float = 10) -> None:
+    """Prove that the primary's walsenders send WAL as the variant says
+    (pg_stat_replication.send_mode, patch 0010); a walsender picks up a
+    reload when it next wakes, so WAL is written meanwhile."""
+    deadline = time.monotonic() + timeout
+    while True:
+        modes = [r[0] for r in cluster.primary.sql("SELECT send_mode FROM pg_stat_replication")]
+        if modes and all(m == want for m in modes):
+            return
+        if time.monotonic() > deadline:
+            raise LabError(f"walsenders send {modes or 'nothing'}, not {want} WAL")
+        cluster.primary.sql("SELECT pg_logical_emit_message(false, 'pgwal-lab', 'wake')")
+        time.sleep(0.1)
 
 
 def quiesce(cluster, conf: MethodConf) -> float:

@@ -37,9 +37,13 @@ def test_scenario_smoke(name, pg_bin, tmp_path):
                 assert m["proxy_cpu_pct"] is not None and m["proxy_cpu_pct"] >= 0
                 assert m["wal_chunks_per_s"] and m["wal_chunks_per_s"] > 0
                 assert m["links"]["s1"]["up_ms"] == 0.05 and m["links"]["s1"]["spin_us"] == 20
+            elif name == "large-txn":  # the patched build: with and without unflushed WAL streaming
+                assert r["variant_config"]["meta"]["unflushed"] in ("off", "written")
             elif name == "hot-counter":  # primary alone: no proxy to measure
                 assert m["proxy_cpu_pct"] is None
                 assert m["table_bytes_before"] >= 8192 and m["table_bytes_after"] >= 8192
+    if name == "large-txn":
+        assert sorted(r["variant"] for r in records) == ["remote_write", "remote_write+uw"]
     text = (out / "report.md").read_text()
     assert f"## {name}" in text
     assert list(out.glob("*.png"))
