@@ -462,7 +462,9 @@ fn sender_flush_ignores_appended_fields_and_rejects_short_bodies() {
     raw.extend_from_slice(b"later");
     assert_eq!(
         BackendReplicationMessage::decode(Bytes::from(raw)).unwrap(),
-        BackendReplicationMessage::SenderFlush(SenderFlush { flush: Lsn(0x0300_0028) })
+        BackendReplicationMessage::SenderFlush(SenderFlush {
+            flush: Lsn(0x0300_0028)
+        })
     );
     assert!(BackendReplicationMessage::decode(Bytes::from_static(b"f\0\0\0")).is_err());
 }
