@@ -30,6 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from .replay_delay import ReplayDelaySampler
 from .util import LabError, cpu_share_pct, host_cpu_times, proc_cpu_seconds
 from .workloads import Workload, run_pgbench
 
@@ -51,6 +52,8 @@ class MethodConf:
     # worker and tables only grow (measured: a one-row table at 34 MB)
     vacuum: bool = True
     wait_sample_s: float = 0.2  # pg_stat_activity sampling interval (0: off)
+    # primary flush -> standby replay delay sampling interval (0: off; replay_delay.py)
+    replay_probe_s: float = 0.0
 
     def asdict(self) -> dict:
         return dict(self.__dict__)
@@ -480,6 +483,10 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
     waits = WaitSampler(p, conf.wait_sample_s) if conf.wait_sample_s else None
     if waits:
         waits.start()
+    replay_probe = (ReplayDelaySampler(p, cluster.standbys[0], conf.replay_probe_s)
+                    if conf.replay_probe_s and cluster.standbys else None)
+    if replay_probe:
+        replay_probe.start()
     load0 = os.getloadavg()[0]
     hc0 = host_cpu_times()
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -489,6 +496,8 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
     finally:
         lags = sampler.stop() if sampler else {}
         wait_summary = waits.stop() if waits else {}
+        if replay_probe:
+            lags.update(replay_probe.stop())
     elapsed = time.monotonic() - t0
     pxcpu1 = _proxy_cpu(cluster)
     hc1 = host_cpu_times()

@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402,F401
 import numpy as np  # noqa: E402
 
-from . import stats  # noqa: E402
+from . import model, stats  # noqa: E402
 from .proof import summary  # noqa: E402
 from .store import cpu_label, is_busy  # noqa: E402
 
@@ -41,6 +41,61 @@ def _vals(recs, key):
 def _med(recs, key):
     v = _vals(recs, key)
     return float(np.median(v)) if v else None
+
+
+def commit_model_section(variants) -> list[str]:
+    """COMMIT latency (pgbench -r) against the latency model (model.py),
+    for groups whose workload timed its COMMIT apart."""
+    if not any(r["metrics"].get("commit_ms") is not None for recs in variants.values() for r in recs):
+        return []
+    first = next(iter(variants.values()))[0]
+    reply = first.get("params", {}).get("reply_events")
+    reply = ", ".join(reply) if isinstance(reply, list) else reply
+    inp = model.inputs(first.get("proof"), reply_events=reply)
+    if inp is None:
+        return ["", "COMMIT latency measured, but the proof lacks a disk probe or a link: no model."]
+    lines = ["", f"COMMIT latency against the model (design v2 §12.1; inputs from the proof, ms: "
+                 f"primary pwrite {inp['w']:.3f}, fdatasync {inp['F_p']:.3f}; RTT {inp['rtt']:.3f}; "
+                 f"standby pwrite {inp['W_s']:.3f}, fdatasync {inp['F_s']:.3f}; standby replies after its "
+                 f"write: {'yes' if inp['write_reply'] else 'no'}). Measured: the mean of each run's COMMIT "
+                 f"(pgbench -r), median over runs. Fits: within ±{model.TOLERANCE:.0%} or "
+                 f"±{model.TOLERANCE_MS} ms.", "",
+             "| variant | COMMIT ms | runs min–max | model ms | measured − model ms | deviation % | fits |",
+             "|---|---|---|---|---|---|---|"]
+    for v, recs in variants.items():
+        meta = recs[0].get("variant_config", {}).get("meta", {})
+        got = _med(recs, "commit_ms")
+        vals = _vals(recs, "commit_ms")
+        try:
+            want = model.predict(meta.get("level"), meta.get("unflushed") == "written", inp)
+        except ValueError:
+            want = None
+        if got is None or want is None:
+            lines.append(f"| {v} | {_fmt(got, 2)} | – | – | – | – | – |")
+            continue
+        lines.append(f"| {v} | {got:.2f} | {min(vals):.2f}–{max(vals):.2f} | {want:.2f} | {got - want:+.2f} | "
+                     f"{(got / want - 1) * 100:+.1f} | {'yes' if model.fits(got, want) else '**no**'} |")
+    return lines
+
+
+def replay_delay_section(variants) -> list[str]:
+    """Primary flush to standby replay, measured from outside (replay_delay.py)."""
+    if not any(r["metrics"].get("flush_to_replay_ms_p50") is not None for recs in variants.values() for r in recs):
+        return []
+    first = next(iter(variants.values()))[0]
+    every = first.get("method", {}).get("replay_probe_s") or 0
+    lines = ["", f"From the primary's flush to the standby's replay, sampled from outside every "
+                 f"{every * 1000:.0f} ms (one origin for every mode, unlike `replay_lag`; medians over runs of "
+                 "each run's percentiles):", "",
+             "| variant | p50 ms | p90 ms | p99 ms | replay_lag (pg_stat_replication) mean ms | samples/run |",
+             "|---|---|---|---|---|---|"]
+    for v, recs in variants.items():
+        lines.append(f"| {v} | {_fmt(_med(recs, 'flush_to_replay_ms_p50'), 2)} | "
+                     f"{_fmt(_med(recs, 'flush_to_replay_ms_p90'), 2)} | "
+                     f"{_fmt(_med(recs, 'flush_to_replay_ms_p99'), 2)} | "
+                     f"{_fmt(_med(recs, 'replay_lag_ms_mean'), 2)} | "
+                     f"{_fmt(_med(recs, 'flush_to_replay_samples'), 0)} |")
+    return lines
 
 
 def group_records(records):
@@ -428,6 +483,8 @@ def render(records: list[dict], out: Path, title: str | None = None) -> Path:
                     f"{_fmt(_med(recs, 'walsender_wal_reads'), 0)} | {_fmt(_med(recs, 'reply_chunks_per_s'), 0)} | "
                     f"{_fmt(_med(recs, 'proxy_cpu_pct'))} |")
             lines += wal_wait_section(variants)
+            lines += commit_model_section(variants)
+            lines += replay_delay_section(variants)
             if any(r["metrics"].get("table_bytes_before") for recs in variants.values() for r in recs):
                 sizes = "; ".join(f"`{v}` {_fmt(_med(recs, 'table_bytes_before') / 1024, 0)} → "
                                   f"{_fmt(_med(recs, 'table_bytes_after') / 1024, 0)}"

@@ -31,6 +31,9 @@ class Workload:
     reset_sql: list[str] = field(default_factory=list)
     pgbench_init: list[str] | None = None  # args for pgbench -i
     tables: list[str] = field(default_factory=list)  # sized before and after each run
+    # pgbench -r: the script's statements' mean latencies ("statement_ms"),
+    # and the COMMIT's on its own ("commit_ms") when the script has one
+    per_command: bool = False
 
     def init(self, node, pg_bin: Path, timeout: float = 600) -> None:
         if self.pgbench_init is not None:
@@ -64,7 +67,7 @@ class Workload:
 
     def describe(self) -> dict:
         return {"name": self.name, "builtin": self.builtin, "script": self.script, "protocol": self.protocol,
-                "pgbench_init": self.pgbench_init}
+                "pgbench_init": self.pgbench_init, "per_command": self.per_command}
 
 
 def tpcb(scale: int = 10, fillfactor: int = 100, select_only: bool = False, skip_some: bool = False) -> Workload:
@@ -89,20 +92,23 @@ def counter_reader() -> Workload:
     return Workload("counter-reader", script="SELECT counter FROM counters WHERE id = 0;\n")
 
 
-def large_txn(rows: int = 80, row_bytes: int = 8000, tables: int = 32) -> Workload:
+def large_txn(rows: int = 80, row_bytes: int = 8000, tables: int = 32, commit_apart: bool = False) -> Workload:
     """`rows` rows of `row_bytes` bytes into one of `tables` tables per
     transaction.  The payload repeats an md5, so TOAST compresses it:
-    WAL per transaction is measured, not assumed."""
+    WAL per transaction is measured, not assumed.  `commit_apart`: BEGIN,
+    INSERT and COMMIT as three statements, with pgbench -r timing each, so
+    the COMMIT's own latency (flush and standby wait) is measured apart
+    from the INSERT's."""
     reps = max(1, row_bytes // 32)
-    script = (f"\\set t random(0, {tables - 1})\n"
-              f"INSERT INTO large_:t (payload) SELECT repeat(md5(random()::text), {reps}) "
+    insert = (f"INSERT INTO large_:t (payload) SELECT repeat(md5(random()::text), {reps}) "
               f"FROM generate_series(1, {rows});\n")
+    script = f"\\set t random(0, {tables - 1})\n" + (f"BEGIN;\n{insert}COMMIT;\n" if commit_apart else insert)
     init = []
     for i in range(tables):
         init += [f"DROP TABLE IF EXISTS large_{i}", f"CREATE TABLE large_{i} (id bigserial, payload text)"]
     names = [f"large_{i}" for i in range(tables)]
     return Workload("large-txn", script=script, protocol="simple", init_sql=init, tables=names,
-                    reset_sql=[f"TRUNCATE {', '.join(names)}"])
+                    reset_sql=[f"TRUNCATE {', '.join(names)}"], per_command=commit_apart)
 
 
 def insert() -> Workload:
@@ -121,6 +127,24 @@ _TPS = re.compile(r"tps = ([0-9.]+) \((?:without initial connection time|excludi
 _TPS_ANY = re.compile(r"tps = ([0-9.]+)")
 _XACTS = re.compile(r"number of transactions actually processed: (\d+)")
 _FAILED = re.compile(r"number of failed transactions: (\d+)")
+# pgbench -r: "statement latencies in milliseconds[ and failures]:" then
+# one line per statement: mean latency, [failures,] the statement's text
+_STMT = re.compile(r"^\s+([0-9.]+)\s+(?:\d+\s+)?(\S.*)$")
+
+
+def parse_statement_latencies(stdout: str) -> dict[str, float]:
+    """Mean latency (ms) of each statement of a pgbench -r report, by text."""
+    out: dict[str, float] = {}
+    lines = stdout.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("statement latencies in milliseconds")]
+    if not starts:
+        return out
+    for line in lines[starts[0] + 1:]:
+        m = _STMT.match(line)
+        if not m:
+            break
+        out[m.group(2).strip()] = float(m.group(1))
+    return out
 
 
 def parse_log_latencies(files) -> np.ndarray:
@@ -167,6 +191,8 @@ def run_pgbench(node, pg_bin: Path, wl: Workload, clients: int, duration: float 
             cmd += ["-f", str(script)]
         if log:
             cmd += ["-l", f"--log-prefix={tmp}/pgbench_log"]
+        if wl.per_command:
+            cmd += ["-r"]
         cmd += list(extra or []) + node.pgbench_target()
         limit = timeout or ((duration or 0) + 120 if duration else 600)
         try:
@@ -183,4 +209,11 @@ def run_pgbench(node, pg_bin: Path, wl: Workload, clients: int, duration: float 
                "clients": clients, "threads": threads}
         if log:
             res.update(latency_summary(parse_log_latencies(sorted(glob.glob(f"{tmp}/pgbench_log*")))))
+        if wl.per_command:
+            stmts = parse_statement_latencies(p.stdout)
+            if not stmts:
+                raise LabError(f"pgbench -r printed no statement latencies: {p.stdout[-1500:]}")
+            res["statement_ms"] = stmts
+            commits = [v for k, v in stmts.items() if k.upper().startswith(("COMMIT", "END"))]
+            res["commit_ms"] = commits[0] if commits else None
         return res

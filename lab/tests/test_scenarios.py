@@ -90,3 +90,33 @@ def test_hot_counter_readers_smoke(pg_bin, tmp_path):
                               results=tmp_path / "novac", max_minutes=5, quiet=True)
     assert records and all(r["metrics"]["vacuum_before_s"] is None for r in records)
     assert records[0]["method"]["vacuum"] is False
+
+
+def test_unflushed_variants_and_commit_model_smoke(pg_bin, tmp_path):
+    """sync-modes pairs each waiting level with a '+uw' variant (pgbench -N
+    here) and proves send_mode for each; large-txn with commit_apart times
+    the COMMIT and compares it with the latency model."""
+    from pgwal_lab import topology
+
+    if "stream_unflushed_wal" not in topology.server_settings_sample(pg_bin):
+        pytest.skip("this server has no stream_unflushed_wal (patch 0010)")
+    records, out = run_scenario("sync-modes", pg_bin, {"workload": "simple-update", "unflushed": "off,on",
+                                                        "levels": ["remote_write", "local"], "flush_worker": "off"},
+                                smoke=True, results=tmp_path / "b1", max_minutes=5, quiet=True)
+    assert sorted(r["variant"] for r in records) == ["local", "remote_write", "remote_write+uw"]
+    for r in records:
+        assert r["variant_config"]["workload"]["builtin"] == "simple-update"
+        uw = r["variant_config"]["settings"].get("stream_unflushed_wal")
+        assert uw == ("written" if r["variant"].endswith("+uw") else "off")
+    records, out = run_scenario("large-txn", pg_bin, {"commit_apart": True, "clients": 1, "net": "1ms",
+                                                      "reply_events": "receive,write,flush",
+                                                      "levels": ["remote_receive", "on"]},
+                                smoke=True, results=tmp_path / "b2", max_minutes=5, quiet=True)
+    assert sorted(r["variant"] for r in records) == ["on", "on+uw", "remote_receive", "remote_receive+uw"]
+    for r in records:
+        m = r["metrics"]
+        assert m["commit_ms"] and m["commit_ms"] > 0 and "COMMIT;" in m["statement_ms"]
+        # the commit waits at least for the proved round trip
+        assert m["commit_ms"] >= 0.9 * r["proof"]["nodes"]["s1"]["link"]["rtt_ms_median"]
+    text = (out / "report.md").read_text()
+    assert "COMMIT latency against the model" in text and "| on+uw |" in text

@@ -95,7 +95,8 @@ def method_conf(params: dict) -> MethodConf:
                       warmup=float(params["warmup"]), settle=float(params["settle"]),
                       reset_data=as_bool(params.get("reset_data", False), "reset_data"),
                       vacuum=as_bool(params.get("vacuum", True), "vacuum"),
-                      wait_sample_s=float(params.get("wait_sample_s", 0.2)))
+                      wait_sample_s=float(params.get("wait_sample_s", 0.2)),
+                      replay_probe_s=float(params.get("replay_probe_ms", 0)) / 1000)
 
 
 def get(name: str):

@@ -8,19 +8,27 @@ stream_unflushed_wal, patch 0010): variants 'LEVEL' and 'LEVEL+uw', the
 latter with the primary sending written WAL before its fsync; the standby
 accepts it in both (wal_receiver_accept_unflushed = on), so the two differ
 only in the primary's setting.  primary_disk: a disk profile or a custom
-shim spec such as "fsync=2000,match=pg_wal" (the primary's WAL fsync cost)."""
+shim spec such as "fsync=2000,match=pg_wal" (the primary's WAL fsync cost).
+
+commit_apart=true runs BEGIN, INSERT and COMMIT as separate statements and
+times each (pgbench -r): the report then compares each variant's COMMIT
+latency with the latency model of design v2 (§12.1), from the proved
+fsync and round-trip times.  reply_events sets the standby's
+wal_receiver_reply_events (the lab's default 'receive, flush' sends no
+reply after the write, so remote_write then waits for the flush reply;
+'receive, write, flush' gives each level its own reply)."""
 from __future__ import annotations
 
 from .. import topology
 from ..util import LabError
 from ..method import Variant
 from ..workloads import large_txn
-from . import Context, as_list, method_conf
+from . import Context, as_bool, as_list, method_conf
 
 NAME = "large-txn"
 DEFAULTS = {"levels": ["remote_write"], "net": "wan20", "clients": 32, "rows": 80, "row_bytes": 8000,
             "tables": 32, "iterations": 10, "duration": 30, "warmup": 5, "settle": 10, "reset_data": True,
-            "unflushed": "auto", "primary_disk": "nvme"}
+            "unflushed": "auto", "primary_disk": "nvme", "commit_apart": False, "reply_events": None}
 SMOKE = {"net": "lan", "clients": 4, "rows": 10, "tables": 4, "iterations": 1, "duration": 1, "warmup": 0,
          "settle": 0}
 
@@ -41,10 +49,15 @@ def run(ctx: Context, params: dict) -> list[dict]:
     if isinstance(params.get("primary_disk"), list):  # a custom spec, split at its commas by --set
         params["primary_disk"] = ",".join(params["primary_disk"])
     extra = {"wal_receiver_accept_unflushed": "on"} if "written" in modes else {}
+    if params.get("reply_events"):
+        if not topology.version_settings(ctx.bin_dir):
+            raise LabError("this server has no wal_receiver_reply_events (patch 0002)")
+        extra["wal_receiver_reply_events"] = ", ".join(as_list(params["reply_events"]))
     spec = topology.ClusterSpec(bin_dir=ctx.bin_dir, primary_disk=params.get("primary_disk", "nvme"),
                                 standbys=[topology.StandbySpec("s1", sync=True, disk="nvme", net=params["net"])],
                                 settings=extra)
-    wl = large_txn(int(params["rows"]), int(params["row_bytes"]), int(params["tables"]))
+    wl = large_txn(int(params["rows"]), int(params["row_bytes"]), int(params["tables"]),
+                   commit_apart=as_bool(params.get("commit_apart", False), "commit_apart"))
     conf = method_conf(params)
     group = f"{params['net']}, {params['clients']} clients, primary disk {params.get('primary_disk', 'nvme')}"
     with topology.Cluster(spec) as cluster:

@@ -9,7 +9,11 @@ On the patched server the standby's wal_receiver_reply_events defaults to
 each level runs with the standby's wal_receiver_flush_worker off and on
 (variant names 'LEVEL' and 'LEVEL+fw'; --set flush_worker=off|on|off,on).
 Levels are discovered from pg_settings, so a patched server's new levels
-(e.g. remote_receive) join automatically."""
+(e.g. remote_receive) join automatically.  --set workload=simple-update runs
+pgbench -N.  --set unflushed=off,on adds 'LEVEL+uw' variants of the levels
+that wait for the standby, with the primary's stream_unflushed_wal =
+written (patch 0010); the standby then accepts unflushed WAL in every
+variant, so the pairs differ only in the primary's setting."""
 from __future__ import annotations
 
 from .. import topology
@@ -17,6 +21,7 @@ from ..method import Variant
 from ..util import LabError
 from ..workloads import WORKLOADS, tpcb
 from . import Context, as_list, level_gucs, method_conf, sync_levels
+from .large_txn import unflushed_modes
 
 NAME = "sync-modes"
 # levels that do not wait for the standby: the flush worker cannot matter
@@ -27,7 +32,7 @@ PROFILES = {
     "wan20": {"net": "wan20", "primary_disk": "nvme", "standby_disk": "nvme"},
 }
 DEFAULTS = {"levels": "auto", "profiles": list(PROFILES), "workload": "tpcb", "scale": 10, "clients": 4,
-            "flush_worker": "auto",
+            "flush_worker": "auto", "unflushed": "off",
             "iterations": 10, "duration": 30, "warmup": 5, "settle": 10}
 SMOKE = {"profiles": ["lan-fast"], "scale": 1, "clients": 2, "iterations": 1, "duration": 1, "warmup": 0,
          "settle": 0}
@@ -51,6 +56,11 @@ def run(ctx: Context, params: dict) -> list[dict]:
     # have it (default 'receive, flush'; 'receive, write, flush' lets
     # remote_write commits return after the write, not after the flush)
     settings = {}
+    uw_modes = unflushed_modes(ctx.bin_dir, params.get("unflushed", "off"))
+    if "written" in uw_modes:
+        if existing:
+            raise LabError("unflushed variants need a lab-made cluster (the standby must accept unflushed WAL)")
+        settings["wal_receiver_accept_unflushed"] = "on"
     if params.get("reply_events") and topology.version_settings(ctx.bin_dir):
         settings["wal_receiver_reply_events"] = ", ".join(as_list(params["reply_events"]))
     if existing:
@@ -64,6 +74,8 @@ def run(ctx: Context, params: dict) -> list[dict]:
         cluster_cm = topology.Cluster(spec)
     if params.get("workload", "tpcb") == "tpcb":
         wl = tpcb(scale=int(params["scale"]))
+    elif params["workload"] == "simple-update":
+        wl = tpcb(scale=int(params["scale"]), skip_some=True)
     elif params["workload"] in WORKLOADS:
         wl = WORKLOADS[params["workload"]]()
     else:
@@ -114,9 +126,16 @@ def run(ctx: Context, params: dict) -> list[dict]:
                 standby["wal_receiver_flush_worker"] = fw
             return {**known[prof], "standby_settings": standby} if standby else known[prof]
 
-        def vname(prof, lvl, fw):
+        def vname(prof, lvl, fw, uw):
             name = lvl + ("+fw" if fw == "on" and lvl not in LOCAL_LEVELS else "")
+            name += "+uw" if uw == "written" else ""
             return f"{prof}/{name}" if one_group else name
+
+        def level_settings(lvl, uw):
+            s = dict(gucs[lvl])
+            if "written" in uw_modes:
+                s["stream_unflushed_wal"] = uw
+            return s
         # Settings per level; a setting that one level needs (an alias's
         # commit_early_release) is set to off explicitly by the others, so
         # that ALTER SYSTEM from one variant never leaks into the next.
@@ -126,11 +145,12 @@ def run(ctx: Context, params: dict) -> list[dict]:
                 s.setdefault(g, "off")
         # A level that does not wait for the standby runs once, whatever
         # flush_worker lists (the standby's flush path does not affect it).
-        variants = [Variant(vname(prof, lvl, fw), "all profiles" if one_group else prof, wl, int(params["clients"]),
-                            dict(gucs[lvl]), env(prof, fw),
-                            {"level": lvl, "profile": prof, "flush_worker": fw})
-                    for prof in profiles for lvl in levels for fw in fws
-                    if fw == fws[0] or lvl not in LOCAL_LEVELS]
+        # Unflushed sending, too, matters only to levels that wait for the standby.
+        variants = [Variant(vname(prof, lvl, fw, uw), "all profiles" if one_group else prof, wl,
+                            int(params["clients"]), level_settings(lvl, uw), env(prof, fw),
+                            {"level": lvl, "profile": prof, "flush_worker": fw, "unflushed": uw})
+                    for prof in profiles for lvl in levels for fw in fws for uw in uw_modes
+                    if (fw == fws[0] and uw == uw_modes[0]) or lvl not in LOCAL_LEVELS]
         ctx.log(f"{NAME}: levels {levels}, profiles {profiles}, server {cluster.server_version()}")
         topo = (f"existing cluster: primary + {', '.join(s.name for s in cluster.standbys)}" if existing
                 else "primary + 1 sync standby")

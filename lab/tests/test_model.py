@@ -1,0 +1,72 @@
+"""The commit latency model (design v2 §12.1) and the COMMIT timing it is fed."""
+import pytest
+
+from pgwal_lab import model
+from pgwal_lab.workloads import large_txn, parse_statement_latencies
+
+PROOF = {"nodes": {
+    "primary": {"disk": {"probe": {"pwrite_us_median": 10.0, "fdatasync_us_median": 2000.0}}},
+    "s1": {"disk": {"probe": {"pwrite_us_median": 20.0, "fdatasync_us_median": 150.0}},
+           "link": {"rtt_ms_median": 2.1}},
+}}
+
+
+def test_inputs_come_from_the_proof():
+    inp = model.inputs(PROOF, reply_events="receive, write, flush")
+    assert inp == {"w": 0.01, "F_p": 2.0, "rtt": 2.1, "W_s": 0.02, "F_s": 0.15, "write_reply": True}
+    # the lab's default reply events have no write reply
+    assert model.inputs(PROOF)["write_reply"] is False
+    # no link (a primary alone) or no probe: no model
+    assert model.inputs({"nodes": {"primary": PROOF["nodes"]["primary"]}}) is None
+    assert model.inputs({"nodes": {**PROOF["nodes"], "s1": {"disk": {}, "link": {"rtt_ms_median": 2}}}}) is None
+
+
+def test_stock_adds_the_fsync_and_unflushed_overlaps_it():
+    inp = model.inputs(PROOF, reply_events="receive, write, flush")
+    assert model.predict("remote_receive", False, inp) == pytest.approx(0.01 + 2.0 + 2.1)
+    assert model.predict("remote_receive", True, inp) == pytest.approx(0.01 + 2.1)
+    assert model.predict("remote_write", False, inp) == pytest.approx(0.01 + 2.0 + 2.1 + 0.02)
+    assert model.predict("on", True, inp) == pytest.approx(0.01 + max(2.0, 2.1 + 0.17))
+    # a slow primary fsync hides the whole round trip
+    slow = dict(inp, F_p=10.0)
+    assert model.predict("on", True, slow) == pytest.approx(0.01 + 10.0)
+
+
+def test_remote_write_waits_for_the_flush_reply_without_a_write_reply():
+    inp = model.inputs(PROOF)  # 'receive, flush'
+    assert model.predict("remote_write", False, inp) == model.predict("on", False, inp)
+    with pytest.raises(ValueError):
+        model.predict("local", False, inp)
+
+
+def test_fits_is_relative_or_absolute_whichever_is_wider():
+    assert model.fits(11.4, 10.0) and not model.fits(11.6, 10.0)
+    assert model.fits(1.29, 1.0) and not model.fits(1.31, 1.0)  # ±0.3 ms beats 15 % of 1 ms
+
+
+def test_commit_apart_times_the_commit():
+    wl = large_txn(rows=2, tables=2, commit_apart=True)
+    assert wl.per_command and wl.script.splitlines()[1:] == [
+        "BEGIN;", wl.script.splitlines()[2], "COMMIT;"]
+    assert not large_txn(rows=2, tables=2).per_command
+    out = """tps = 426.1 (without initial connection time)
+statement latencies in milliseconds and failures:
+         0.001           0  \\set t random(0, 1)
+         0.061           0  BEGIN;
+         1.234           0  INSERT INTO large_:t (payload) SELECT 1;
+         2.345           0  COMMIT;
+"""
+    assert parse_statement_latencies(out) == {"\\set t random(0, 1)": 0.001, "BEGIN;": 0.061,
+                                              "INSERT INTO large_:t (payload) SELECT 1;": 1.234, "COMMIT;": 2.345}
+    assert parse_statement_latencies("tps = 1\n") == {}
+
+
+def test_replay_delay_pairs_each_flush_with_the_first_replay_that_covers_it():
+    from pgwal_lab.replay_delay import delays
+
+    primary = [(0.0, 100), (1.0, 200), (2.0, 300), (3.0, 400)]
+    standby = [(0.5, 100), (1.2, 150), (1.5, 200), (2.1, 300), (2.9, 350)]
+    assert list(delays(primary, standby)) == pytest.approx([0.5, 0.5, 0.1])  # 400 never replayed
+    # a standby sample before the flush sample does not count, even if it covers it
+    assert list(delays([(1.0, 100)], [(0.9, 100), (1.1, 100)])) == pytest.approx([0.1])
+    assert delays([], standby).size == 0
