@@ -463,8 +463,11 @@ def render(records: list[dict], out: Path, title: str | None = None) -> Path:
             proved = first.get("proof")
             proved_text = f"Proved before the first run: {summary(proved)}." if proved else \
                 "Not proved (runs from before the lab checked its environment)."
+            wl = vc.get("workload", {})
+            # a pgbench built-in script is named too (tpcb runs tpcb-like or simple-update)
+            wl_text = str(wl.get("name")) + (f" (pgbench -b {wl['builtin']})" if wl.get("builtin") else "")
             lines += [f"### {g}", "",
-                      f"Environment: {env_text}; workload {vc.get('workload', {}).get('name')}, "
+                      f"Environment: {env_text}; workload {wl_text}, "
                       f"{vc.get('clients')} clients; runs interleaved, {first.get('method', {}).get('duration')} s "
                       f"each.", "", proved_text, "",
                       "| variant | n | TPS median | TPS mean | spread % | TPS 95% CI | lat p50 ms | lat p99 ms "
