@@ -167,12 +167,15 @@ $node->stop;
 # A patched primary with a stock synchronous standby.
 my $primary = PostgreSQL::Test::Cluster->new('patched_primary');
 $primary->init(allows_streaming => 1);
-# A stock standby never asks for unflushed WAL, so it gets flushed WAL only.
-$primary->append_conf('postgresql.conf',
-	"stream_unflushed_wal = written\nlog_replication_commands = on");
 $primary->start;
 $primary->safe_psql('postgres', 'CREATE TABLE t (id int, note text)');
 $primary->backup('b2');
+# A stock standby never asks for unflushed WAL, so it gets flushed WAL only.
+# (Set after the backup: the stock standby would refuse the setting in the
+# postgresql.conf it copies.)
+$primary->append_conf('postgresql.conf',
+	"stream_unflushed_wal = written\nlog_replication_commands = on");
+$primary->restart;
 my $stock_standby = PostgreSQL::Test::Cluster->new('stock_standby');
 $stock_standby->init_from_backup($primary, 'b2', has_streaming => 1);
 use_build($stock_standby, $stock);
