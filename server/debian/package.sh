@@ -35,7 +35,9 @@ pkg_dir="$build/packages"
 pkg_build_deps=(dpkg-dev debhelper dh-exec fakeroot ccache xz-utils)
 
 # Version of an installed package, or empty.
-installed_version() { dpkg-query -W -f='${Status} ${Version}\n' "$1" 2>/dev/null | awk '/install ok installed/ { print $4 }'; }
+installed_version() {
+	{ dpkg-query -W -f='${Status} ${Version}\n' "$1" 2>/dev/null || true; } | awk '/install ok installed/ { print $4 }'
+}
 
 # Build postgresql-common from the newest source the deb-src entry offers
 # and install it (root).  The source's .dsc is not always served, so the
