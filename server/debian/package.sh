@@ -181,7 +181,8 @@ cmd_package() {
 		export PATH="/usr/lib/ccache:$PATH" CCACHE_BASEDIR="$src" CCACHE_NOHASHDIR=1
 		export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-4G}
 		export DEB_BUILD_OPTIONS="nocheck nodoc parallel=$jobs" DEB_BUILD_PROFILES="nocheck nodoc"
-		dpkg-buildpackage -b -uc -us
+		# -j also puts -jN into MAKEFLAGS, which postgresql.mk's $(MAKE) calls need
+		dpkg-buildpackage -b -uc -us -j"$jobs"
 	) >"$log" 2>&1 || { grep -nE 'error|Error|FAILED|does not apply' "$log" | tail -n 20 >&2; die "package build failed (full log: $log)"; }
 	mv "$pkg_dir"/build/*.deb "$pkg_dir"/build/*.buildinfo "$pkg_dir"/build/*.changes "$out/"
 	rm -f "$pkg_dir"/build/*.ddeb
