@@ -181,8 +181,11 @@ cmd_package() {
 		export PATH="/usr/lib/ccache:$PATH" CCACHE_BASEDIR="$src" CCACHE_NOHASHDIR=1
 		export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-4G}
 		export DEB_BUILD_OPTIONS="nocheck nodoc parallel=$jobs" DEB_BUILD_PROFILES="nocheck nodoc"
-		# -j also puts -jN into MAKEFLAGS, which postgresql.mk's $(MAKE) calls need
-		dpkg-buildpackage -b -uc -us -j"$jobs"
+		# postgresql.mk builds in dh override targets, which dh runs without
+		# the jobserver; a plain -jN in MAKEFLAGS survives that (dh strips
+		# only the jobserver options and a bare -j)
+		export MAKEFLAGS="-j$jobs"
+		dpkg-buildpackage -b -uc -us
 	) >"$log" 2>&1 || { grep -nE 'error|Error|FAILED|does not apply' "$log" | tail -n 20 >&2; die "package build failed (full log: $log)"; }
 	mv "$pkg_dir"/build/*.deb "$pkg_dir"/build/*.buildinfo "$pkg_dir"/build/*.changes "$out/"
 	rm -f "$pkg_dir"/build/*.ddeb
@@ -195,7 +198,10 @@ cmd_package() {
 	done
 	if [ "$set" = pgwal ]; then
 		# proof that the series is in: the patched GUC in the server binary
-		dpkg-deb --fsys-tarfile "$out"/postgresql-18_*.deb | tar -xOf - ./usr/lib/postgresql/18/bin/postgres |
-			grep -aq 'stream_unflushed_wal' || die "the built postgres binary lacks the series"
+		# (grep -c reads to the end: grep -q would stop early and fail the pipe)
+		local hits
+		hits=$(dpkg-deb --fsys-tarfile "$out"/postgresql-18_*.deb | tar -xOf - ./usr/lib/postgresql/18/bin/postgres |
+			grep -ac 'stream_unflushed_wal' || true)
+		[ "${hits:-0}" -gt 0 ] || die "the built postgres binary lacks the series"
 	fi
 }
