@@ -1,6 +1,6 @@
 # Thin entry points; the real work is in server/pg, tools/, crates/ and lab/.
 
-.PHONY: demo test server-apply server-export server-build server-build-bench server-test clean-build help
+.PHONY: demo test server-apply server-export server-build server-build-bench server-test server-package package-test clean-build help
 
 help:
 	@echo "make demo               the durability-modes demo on a throwaway cluster"
@@ -10,6 +10,8 @@ help:
 	@echo "make server-build       build and install the assert-enabled (check) flavour"
 	@echo "make server-build-bench build and install the optimised (bench) flavour"
 	@echo "make server-test        only the server suites"
+	@echo "make server-package     Debian packages of the patched server (.build/packages/pgwal)"
+	@echo "make package-test       install them over stock packages in a fresh chroot and back (root)"
 
 # DEMO_ARGS=--allow-stock runs the demo on stock PostgreSQL (refused otherwise)
 demo:
@@ -32,6 +34,12 @@ server-build-bench:
 
 server-test:
 	server/pg test
+
+server-package:
+	server/pg package
+
+package-test:
+	server/pg package-test
 
 clean-build:
 	rm -rf .build

@@ -4,7 +4,9 @@
 # The patched server is a drop-in for stock PostgreSQL 18: a data directory
 # made by the unpatched build of the same source starts on the patched build
 # and back again (no catalog version bump, no pg_upgrade), the statistics
-# views work on the stock catalog (the patch appends its columns), and the
+# views work on the stock catalog (the patch appends its columns), a data
+# directory made by the patched build runs on the stock build (its views
+# fail cleanly there), and the
 # two builds replicate to each other both ways, so that a patched standby
 # never sends a stock primary the receive position it would not understand,
 # and a stock standby releases remote_receive commits of a patched primary at
@@ -168,6 +170,12 @@ $primary->init(allows_streaming => 1);
 $primary->start;
 $primary->safe_psql('postgres', 'CREATE TABLE t (id int, note text)');
 $primary->backup('b2');
+# A stock standby never asks for unflushed WAL, so it gets flushed WAL only.
+# (Set after the backup: the stock standby would refuse the setting in the
+# postgresql.conf it copies.)
+$primary->append_conf('postgresql.conf',
+	"stream_unflushed_wal = written\nlog_replication_commands = on");
+$primary->restart;
 my $stock_standby = PostgreSQL::Test::Cluster->new('stock_standby');
 $stock_standby->init_from_backup($primary, 'b2', has_streaming => 1);
 use_build($stock_standby, $stock);
@@ -189,7 +197,76 @@ is( $primary->safe_psql(
 	WHERE application_name = 'stock_standby']),
 	't',
 	'a stock standby reports no receive position');
+is( $primary->safe_psql(
+		'postgres', q[
+	SELECT send_mode FROM pg_stat_replication
+	WHERE application_name = 'stock_standby']),
+	'flushed',
+	'a stock standby gets flushed WAL from a primary with stream_unflushed_wal');
+unlike(slurp_file($primary->logfile), qr/UNFLUSHED_WAL/,
+	'the stock standby never asked for unflushed WAL');
+ok(!-f $primary->data_dir . '/global/pg_unflushed_sent',
+	'the primary never sent unflushed WAL to the stock standby');
 $stock_standby->stop;
 $primary->stop;
+
+# --- a data directory made by the patched build on the stock build ------------
+
+# The patched catalog declares the stock statistics functions with their
+# stock columns, and gives the views its own *_ext functions.  Stock binaries
+# lack those: the views fail with a clean error, and the functions the stock
+# build knows keep working.  (When the extra columns were declared on the
+# stock functions, a stock backend formed its tuple from past the end of its
+# arrays, and crashed on pg_stat_replication with a walsender running.)
+my $pdata = PostgreSQL::Test::Cluster->new('patched_data');
+$pdata->init(allows_streaming => 1, force_initdb => 1);
+$pdata->start;
+is(is_patched($pdata), '1', 'the data directory is made by the patched build');
+$pdata->safe_psql('postgres',
+	"CREATE TABLE t (id int, note text); INSERT INTO t VALUES (1, 'patched')");
+$pdata->backup('b3');
+$pdata->stop;
+use_build($pdata, $stock);
+$pdata->start;
+is(is_patched($pdata), '0', 'the patched data directory runs on the stock build');
+my $pdata_standby = PostgreSQL::Test::Cluster->new('patched_data_standby');
+$pdata_standby->init_from_backup($pdata, 'b3', has_streaming => 1);
+use_build($pdata_standby, $stock);
+$pdata_standby->start;
+$pdata->safe_psql('postgres', "INSERT INTO t VALUES (2, 'stock')");
+# (not wait_for_replay_catchup: it reads pg_stat_replication, which fails here)
+ok( $pdata_standby->poll_query_until(
+		'postgres', 'SELECT count(*) = 2 FROM t'),
+	'the stock build replicates the patched data directory');
+is( $pdata->safe_psql(
+		'postgres', 'SELECT count(*) FROM pg_stat_get_wal_senders()'),
+	'1',
+	'stock pg_stat_get_wal_senders() works on the patched catalog');
+is( $pdata_standby->safe_psql(
+		'postgres',
+		'SELECT status FROM pg_stat_get_wal_receiver()'),
+	'streaming',
+	'stock pg_stat_get_wal_receiver() works on the patched catalog');
+my ($rc, $out, $err) =
+  $pdata->psql('postgres', 'SELECT * FROM pg_stat_replication');
+like(
+	$err,
+	qr/internal function "pg_stat_get_wal_senders_ext" is not in internal lookup table/,
+	'pg_stat_replication fails cleanly on the stock build');
+($rc, $out, $err) =
+  $pdata_standby->psql('postgres', 'SELECT * FROM pg_stat_wal_receiver');
+like(
+	$err,
+	qr/internal function "pg_stat_get_wal_receiver_ext" is not in internal lookup table/,
+	'pg_stat_wal_receiver fails cleanly on the stock build');
+unlike(slurp_file($pdata->logfile), qr/terminated by signal/,
+	'no stock backend crashed');
+$pdata_standby->stop;
+$pdata->stop;
+use_build($pdata, undef);
+$pdata->start;
+is($pdata->safe_psql('postgres', 'SELECT count(*) FROM pg_stat_replication'),
+	'0', 'back on the patched build, the views work');
+$pdata->stop;
 
 done_testing();
