@@ -29,6 +29,19 @@
 #        BENCH_TMP (parent of the cluster's data directory; default /tmp)
 #        LAT_COUNT (latency transactions, default 2000; 0 skips the latency run)
 #        RESULTS_OUT (file to receive the raw per-run lines)
+#        PERF_DIR (record a perf profile of the walsender of each run there,
+#        DIR/CONSUMER.ROUND.data; it costs CPU, so not in measured runs)
+#        LDWM (logical_decoding_work_mem, e.g. 64kB: proto 4 then streams)
+#        PAD (bytes of the text column per row, default 100), STORAGE (that
+#        column's storage, e.g. external: out of line, uncompressed, so
+#        PAD=4000 makes a TOAST-heavy table)
+#
+# A consumer named NAME@N runs NAME against walsenders with
+# wal_sender_batch_size = N kB (patch 0013; 0 = one send per change, as
+# stock); plain NAME leaves the server's default. Set with ALTER SYSTEM and
+# checked in a new session before each run, so the variants share one
+# server and interleave. LAT_BATCH (space-separated sizes, default: the
+# server's default only) repeats the latency run per size.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../../.." && pwd)
 txns=${1:-50}
@@ -62,13 +75,46 @@ bench_cluster_start "${BENCH_TMP:-/tmp}" "$bin" \
 	"synchronous_commit = off" "shared_buffers = 256MB" "max_wal_size = 4GB"
 
 psql -c "CREATE TABLE bench (id bigint, pad text)" -c "CREATE PUBLICATION p FOR TABLE bench"
+[ -z "${STORAGE:-}" ] || psql -c "ALTER TABLE bench ALTER pad SET STORAGE ${STORAGE}"
+# LDWM: logical_decoding_work_mem, e.g. 64kB so that proto 4 streams the
+# transactions in progress
+[ -z "${LDWM:-}" ] || psql -c "ALTER SYSTEM SET logical_decoding_work_mem = '${LDWM}'" -c "SELECT pg_reload_conf()" >/dev/null
 rounds=${ROUNDS:-3}
+# slot names cannot hold '@'
+slot_of() { echo "s_${1//@/_b}_$2"; }
+# wal_sender_batch_size for the walsenders started from now on: a size in
+# kB, or "" for the server's default; waits until new sessions see it
+set_batch() {
+	local want=$1 got=""
+	if [ -n "$want" ]; then
+		psql -c "ALTER SYSTEM SET wal_sender_batch_size = '${want}kB'" -c "SELECT pg_reload_conf()" >/dev/null
+	else
+		psql -c "ALTER SYSTEM RESET wal_sender_batch_size" -c "SELECT pg_reload_conf()" >/dev/null
+	fi
+	for _ in $(seq 1 100); do
+		got=$(psql -c "SELECT setting, source FROM pg_settings WHERE name = 'wal_sender_batch_size'")
+		if { [ -n "$want" ] && [ "$got" = "$want|configuration file" ]; } ||
+			{ [ -z "$want" ] && [ "${got#*|}" = default ]; }; then
+			return 0
+		fi
+		sleep 0.05
+	done
+	echo "wal_sender_batch_size did not become '${want:-default}' (got $got)" >&2
+	exit 1
+}
+has_batch=$(psql -c "SELECT count(*) FROM pg_settings WHERE name = 'wal_sender_batch_size'")
+if [ "$has_batch" = 0 ]; then
+	case " ${consumers[*]} ${LAT_BATCH:-} " in
+	*"@"* | *[0-9]" "*) echo "this server has no wal_sender_batch_size (patch 0013)" >&2; exit 1 ;;
+	esac
+	set_batch() { :; }
+fi
 for r in $(seq 1 "$rounds"); do
-	for c in "${consumers[@]}"; do psql -c "SELECT pg_create_logical_replication_slot('s_${c}_$r', 'pgoutput')" >/dev/null; done
+	for c in "${consumers[@]}"; do psql -c "SELECT pg_create_logical_replication_slot('$(slot_of "$c" "$r")', 'pgoutput')" >/dev/null; done
 done
 echo "loading $txns transactions x $rows rows ..." >&2
 for t in $(seq 1 "$txns"); do
-	echo "INSERT INTO bench SELECT g, repeat('x', 100) FROM generate_series(1, $rows) g;"
+	echo "INSERT INTO bench SELECT g, repeat('x', ${PAD:-100}) FROM generate_series(1, $rows) g;"
 done | psql
 stop=$(psql -c "SELECT pg_current_wal_insert_lsn()")
 total=$((txns * rows))
@@ -77,8 +123,11 @@ echo "WAL: $(psql -c "SELECT pg_size_pretty(pg_current_wal_insert_lsn() - '0/0':
 : >"$dir/results"
 for r in $(seq 1 "$rounds"); do
 for c in "${consumers[@]}"; do
-	slot=s_${c}_$r
-	case $c in
+	slot=$(slot_of "$c" "$r")
+	batch=""
+	[ "$c" = "${c%@*}" ] || batch=${c##*@}
+	set_batch "$batch"
+	case ${c%@*} in
 	pgwal_v1) cmd=("$drain" "$conn" "$slot" p "$stop" 1) ;;
 	pgwal_v1_eager) cmd=(env COALESCE_US=0 "$drain" "$conn" "$slot" p "$stop" 1) ;;
 	pgwal_v1_coalesce) cmd=(env COALESCE_US="${COALESCE_US:-1000}" "$drain" "$conn" "$slot" p "$stop" 1) ;;
@@ -99,12 +148,21 @@ for c in "${consumers[@]}"; do
 	# Walsender CPU: find its pid once (psql costs CPU on this box), then
 	# sample /proc/PID/stat without forking until the client exits.
 	ws=0
+	wu=0
+	wsy=0
 	wv=0
 	wp=
+	perfpid=
 	while kill -0 $pid 2>/dev/null; do
 		[ -n "$wp" ] || wp=$(psql -c "SELECT active_pid FROM pg_replication_slots WHERE slot_name = '$slot'" 2>/dev/null || true)
+		if [ -n "${PERF_DIR:-}" ] && [ -n "$wp" ] && [ -z "$perfpid" ]; then
+			perf record -q -g -p "$wp" -o "$PERF_DIR/$c.$r.data" >/dev/null 2>&1 &
+			perfpid=$!
+		fi
 		if [ -n "$wp" ] && read -r -a st 2>/dev/null </proc/"$wp"/stat; then
 			ws=$((st[13] + st[14]))
+			wu=${st[13]}
+			wsy=${st[14]}
 			# voluntary context switches: how often the walsender blocked
 			# (socket full, or waiting for WAL)
 			while read -r k v; do
@@ -114,6 +172,7 @@ for c in "${consumers[@]}"; do
 		sleep 0.02
 	done
 	wait $pid || { cat "$dir/err" >&2; exit 1; }
+	if [ -n "$perfpid" ]; then kill -INT "$perfpid" 2>/dev/null; wait "$perfpid" || true; fi
 	# The drain consumers report their counts: all inserts must have arrived.
 	if grep -q '^events=' "$dir/err" && ! grep -q "inserts=$total\$" "$dir/err"; then
 		echo "$c round $r: expected $total inserts, got: $(cat "$dir/err")" >&2
@@ -121,9 +180,13 @@ for c in "${consumers[@]}"; do
 	fi
 	end=$(date +%s.%N)
 	read -r u s m w e <"$dir/time"
-	echo "$c $start $end $u $s $m $ws $w $e $wv" >>"$dir/results"
+	echo "$c $start $end $u $s $m $ws $w $e $wv $wu $wsy" >>"$dir/results"
 done
 done
+# how the slots' transactions were decoded: streamed (proto 4 with a small
+# logical_decoding_work_mem), spilled to disk, or neither
+echo "decoding, summed over the slots: $(psql -c "SELECT format('stream_txns=%s spill_txns=%s total_txns=%s',
+	sum(stream_txns), sum(spill_txns), sum(total_txns)) FROM pg_stat_replication_slots")"
 # the lab's statistics need numpy/scipy: its virtualenv (lab/setup.sh) if present
 labpy=$repo/lab/.venv/bin/python3
 [ -x "$labpy" ] || labpy=python3
@@ -131,7 +194,7 @@ labpy=$repo/lab/.venv/bin/python3
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 total = int(sys.argv[2])
-print(f"{'consumer':<20} {'wall_s':>8} {'inserts/s':>10} {'(min-max)':>15} {'client_us/ins':>14} {'(min-max)':>11} {'max_rss_MB':>10} {'walsender_us/ins':>16} {'client_wakeups/1k':>17} {'walsender_waits/1k':>18}   (medians of {len(rows) // max(1, len(set(r[0] for r in rows)))})")
+print(f"{'consumer':<20} {'wall_s':>8} {'inserts/s':>10} {'(min-max)':>15} {'client_us/ins':>14} {'(min-max)':>11} {'max_rss_MB':>10} {'walsender_us/ins':>16} {'client_wakeups/1k':>17} {'walsender_waits/1k':>18} {'walsender_sys%':>14}   (medians of {len(rows) // max(1, len(set(r[0] for r in rows)))})")
 for c in dict.fromkeys(r[0] for r in rows):
     rs = [r for r in rows if r[0] == c]
     med = lambda f: statistics.median(f(r) for r in rs)
@@ -146,8 +209,9 @@ for c in dict.fromkeys(r[0] for r in rows):
     ws = med(lambda r: int(r[6]) * 1e4 / total)
     wk = med(lambda r: int(r[7]) * 1e3 / total)
     wv = med(lambda r: int(r[9]) * 1e3 / total if len(r) > 9 else float("nan"))
+    wsys = med(lambda r: 100 * int(r[11]) / max(1, int(r[10]) + int(r[11])) if len(r) > 11 else float("nan"))
     (r0, r1), (c0, c1) = span(rate), span(cpu_of)
-    print(f"{c:<20} {wall:8.2f} {total / wall:10.0f} {f'{r0 / 1e3:.0f}k-{r1 / 1e3:.0f}k':>15} {cpu:14.2f} {f'{c0:.2f}-{c1:.2f}':>11} {rss:10.1f} {ws:16.2f} {wk:17.1f} {wv:18.1f}")
+    print(f"{c:<20} {wall:8.2f} {total / wall:10.0f} {f'{r0 / 1e3:.0f}k-{r1 / 1e3:.0f}k':>15} {cpu:14.2f} {f'{c0:.2f}-{c1:.2f}':>11} {rss:10.1f} {ws:16.2f} {wk:17.1f} {wv:18.1f} {wsys:14.0f}")
 # Ratios against the first consumer: bootstrap 95% CI of the ratio of
 # medians and Mann-Whitney p (the lab's statistics).
 sys.path.insert(0, sys.argv[3])
@@ -171,9 +235,15 @@ cp "$dir/results" "${RESULTS_OUT:-/dev/null}"
 [ "${LAT_COUNT:-2000}" = 0 ] && exit 0
 
 # Commit-to-receive latency with a live single-row workload (200 tx/s).
-psql -c "CREATE TABLE lat (id int, v text)" -c "CREATE PUBLICATION pl FOR TABLE lat" \
-	-c "SELECT pg_create_logical_replication_slot('s_lat', 'pgoutput')" >/dev/null
-"$repo/crates/target/release/examples/latency" "$conn" s_lat pl lat "${LAT_COUNT:-2000}" 5
+psql -c "CREATE TABLE lat (id int, v text)" -c "CREATE PUBLICATION pl FOR TABLE lat" >/dev/null
+for b in ${LAT_BATCH:-default}; do
+	[ "$b" = default ] && set_batch "" || set_batch "$b"
+	psql -c "SELECT pg_create_logical_replication_slot('s_lat_$b', 'pgoutput')" >/dev/null
+	echo "wal_sender_batch_size: $b"
+	"$repo/crates/target/release/examples/latency" "$conn" "s_lat_$b" pl lat "${LAT_COUNT:-2000}" 5
+done
+set_batch ""
+[ -n "${LAT_BATCH:-}" ] && exit 0
 # The same with read_coalesce off: one commit every 5 ms is not a burst, so
 # the default's low-water mark should stay down and the latency not differ.
 psql -c "SELECT pg_create_logical_replication_slot('s_lat_e', 'pgoutput')" >/dev/null
