@@ -100,7 +100,10 @@ package_prepare() {
 	mkdir -p "$pkg_dir"
 	local have
 	have=$(installed_version postgresql-common-dev)
-	if [ -z "$have" ] || dpkg --compare-versions "$have" lt 275~; then
+	# (also when it is installed but its packages are not in deps/, as in a
+	# fresh clone: package-test installs them into its chroot)
+	if [ -z "$have" ] || dpkg --compare-versions "$have" lt 275~ ||
+		[ -z "$(ls "$pkg_dir"/deps/postgresql-common_*.deb 2>/dev/null)" ]; then
 		build_postgresql_common
 	fi
 	# apt resolves the build dependencies (with the profiles) from the
