@@ -199,6 +199,10 @@ def cmd_run(args) -> int:
         return 130
     if not args.no_print:
         print((results / "report.md").read_text())
+    failed = getattr(scenarios.get(args.scenario), "failures", None)
+    if failed and (problems := failed(Store(results / "runs.jsonl").load())):
+        print(f"pgwal-lab: {args.scenario} failed: {problems}", file=sys.stderr)
+        return 3
     return 0
 
 

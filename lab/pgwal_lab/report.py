@@ -451,6 +451,11 @@ def render(records: list[dict], out: Path, title: str | None = None) -> Path:
             for g, variants in groups.items():
                 lines += wal_section(variants, out)
             continue
+        if scenario == "audit":
+            from .audit import report as audit_report
+
+            lines += audit_report.section([r for r in records if r.get("scenario") == "audit"])
+            continue
         for g, variants in groups.items():
             first = next(iter(variants.values()))[0]
             vc = first.get("variant_config", {})

@@ -162,6 +162,8 @@ class Node(SqlNode):
         self.netns = f"{PREFIX}-{cluster.id}-{name}" if cluster.use_ns else None
         self.proxy: netem.Proxy | None = None
         self.running = False
+        # more environment for the server (the audit's volatile page cache)
+        self.extra_env: dict = {}
 
     # addresses
     def addr_for(self, downstream: "Node") -> str:
@@ -174,7 +176,10 @@ class Node(SqlNode):
         return str(self.cluster.spec.bin_dir / tool)
 
     def env(self) -> dict:
-        return self.disk_profile.env()
+        e = dict(self.disk_profile.env())
+        if self.extra_env:
+            e.update(self.extra_env)
+        return e
 
     def conninfo(self, dbname: str = "postgres") -> str:
         return f"host={self.sockdir} port={self.port} user=postgres dbname={dbname}"
@@ -248,7 +253,8 @@ class Node(SqlNode):
         chown_to_pg(self.datadir / "postgresql.auto.conf")
         self.write_node_conf()
 
-    def start(self, timeout: float = 120) -> None:
+    def start(self, timeout: float = 120, wait: bool = True) -> None:
+        """Start the server; wait=False returns once pg_ctl launched it."""
         self.sockdir.mkdir(parents=True, exist_ok=True)
         chown_to_pg(self.sockdir)
         if self.upstream is not None and self.net_profile.proxy and self.proxy is None:
@@ -258,8 +264,8 @@ class Node(SqlNode):
             self.cluster.save_state()
         self.write_node_conf()
         try:
-            self.run_pg([self.bin("pg_ctl"), "-D", self.datadir, "-l", self.logfile, "-w", "-t", int(timeout),
-                         "start"], timeout=timeout + 10)
+            self.run_pg([self.bin("pg_ctl"), "-D", self.datadir, "-l", self.logfile, "-w" if wait else "-W",
+                         "-t", int(timeout), "start"], timeout=timeout + 10)
         except LabError as e:
             raise LabError(f"{self.name} did not start: {e}\nserver log:\n{self.log_tail()}") from None
         self.running = True

@@ -187,6 +187,8 @@ volatile_log(int fd, int create, struct stat *st)
 	snprintf(path, sizeof(path), "%s/%lx-%lx-%lx.undo", volatile_dir, (unsigned long) st->st_dev,
 			 (unsigned long) st->st_ino, (unsigned long) (uint32_t) gen);
 	logfd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC | (create ? O_CREAT : 0), 0600);
+	if (logfd < 0 && create && errno == ENOENT && mkdir(volatile_dir, 0700) == 0)
+		logfd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC | O_CREAT, 0600);
 	if (logfd < 0)
 	{
 		if (create || errno != ENOENT)
@@ -222,6 +224,39 @@ write_all(int fd, const void *buf, size_t len)
 		len -= n;
 	}
 	return 0;
+}
+
+/* Read len bytes at off of fd's file, also when fd was opened write-only. */
+static int
+read_old(int fd, char *buf, size_t len, off_t off)
+{
+	char		link[64];
+	int			rfd = -1,
+				rc = -1;
+	size_t		done = 0;
+
+	if (pread(fd, buf, 0, off) < 0 && errno == EBADF)
+	{
+		snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+		rfd = open(link, O_RDONLY | O_CLOEXEC);
+		if (rfd < 0)
+			return -1;
+	}
+	while (done < len)
+	{
+		ssize_t		n = pread(rfd >= 0 ? rfd : fd, buf + done, len - done, off + done);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			goto out;
+		done += n;
+	}
+	rc = 0;
+out:
+	if (rfd >= 0)
+		close(rfd);
+	return rc;
 }
 
 /*
@@ -263,7 +298,7 @@ volatile_begin(int fd, off_t off, size_t len, int at_cursor)
 	if (h.saved > 0)
 	{
 		old = malloc(h.saved);
-		if (old == NULL || pread(fd, old, h.saved, off) != (ssize_t) h.saved)
+		if (old == NULL || read_old(fd, old, h.saved, off) != 0)
 			goto fail;
 	}
 	if (write_all(logfd, &h, sizeof(h)) != 0 || (h.saved > 0 && write_all(logfd, old, h.saved) != 0))

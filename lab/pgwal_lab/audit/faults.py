@@ -1,0 +1,181 @@
+"""Faults the audit injects into lab nodes (topology.Node).
+
+`crash()` stops every process of a node's server at once and kills it:
+SIGSTOP to the postmaster (it can then fork nothing new), SIGSTOP to each
+of its children, then SIGKILL to all.  No server process runs between the
+first stop and the kill, so none finishes a write the crash should have
+cut off, as `pg_ctl -m immediate` would let it.  With `power=True` the
+node's volatile page cache is then thrown away (power.undo): what was not
+fsynced is gone.  Several nodes crashed together are all stopped before
+any is killed.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from .. import power
+from ..util import LabError, run, wait_for
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{d}/stat").read_text()
+        except OSError:
+            continue
+        # the command may contain spaces and parentheses: fields follow the last ')'
+        fields = stat[stat.rfind(")") + 2:].split()
+        if int(fields[1]) == pid:
+            out.append(int(d))
+    return out
+
+
+def _exists(pid: int) -> bool:
+    """A process, zombies included: the server's lock file check (kill(pid, 0))
+    counts a postmaster that is dead but not yet reaped as running."""
+    return Path(f"/proc/{pid}").exists()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        st = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return st[st.rfind(")") + 2] != "Z"
+
+
+def volatile_dir(node) -> Path:
+    """The node's undo logs: on its own file system, outside the data directory."""
+    return node.root / "mnt" / "volatile"
+
+
+def arm(node) -> None:
+    """Give the node a volatile page cache from its next start on."""
+    d = volatile_dir(node)
+    power.prepare(d)
+    node.extra_env = power.volatile_env(d, node.datadir)
+
+
+def stall(pid: int) -> None:
+    """Freeze a delay proxy: the link stalls, what it holds stays in flight."""
+    os.kill(pid, signal.SIGSTOP)
+
+
+def crash(nodes: list, power_loss: bool, proxies: list[int] = ()) -> dict:
+    """Crash the nodes together; returns {node name: undo stats or {}}.
+    `proxies` (pids of delay proxies) die with them, and with them the WAL
+    in flight on those links, as with a machine that lost power."""
+    stopped: dict[str, list[int]] = {}
+    reaped: dict[str, float] = {}
+    # the children are listed before anything stops (a scan of /proc takes
+    # milliseconds, during which they would run on); the postmaster stops
+    # next, so no child appears after a second scan
+    first: dict[str, list[int]] = {}
+    for n in nodes:
+        pm = n.pid()
+        if pm is None or not _alive(pm):
+            raise LabError(f"{n.name}: no running postmaster to crash")
+        first[n.name] = [pm, *_children(pm)]
+    for p in proxies:
+        os.kill(p, signal.SIGSTOP)
+    for pids in first.values():
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+    for n in nodes:
+        pm = first[n.name][0]
+        late = [k for k in _children(pm) if k not in first[n.name]]
+        for k in late:
+            try:
+                os.kill(k, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+        stopped[n.name] = first[n.name] + late
+    for pids in [*stopped.values(), list(proxies)]:
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for n in nodes:
+        pids = stopped[n.name]
+        t0 = time.monotonic()
+        wait_for(lambda: not any(_exists(p) for p in pids), 30, f"{n.name}'s processes to die and be reaped")
+        reaped[n.name] = round(time.monotonic() - t0, 3)
+        n.running = False
+    out = {}
+    for n in nodes:
+        out[n.name] = power.undo(volatile_dir(n), [n.datadir]).asdict() if power_loss else {}
+        if power_loss:
+            power.prepare(volatile_dir(n))
+    return out
+
+
+def _accepts(node) -> bool:
+    try:
+        node.scalar("SELECT 1")
+        return True
+    except Exception:  # noqa: BLE001 - not up yet
+        return False
+
+
+def start(node, timeout: float = 120) -> float:
+    """Start a crashed node; seconds until it accepts connections (polled
+    every 10 ms: pg_ctl's own wait polls in 100 ms steps)."""
+    t0 = time.monotonic()
+    node.start(timeout=timeout, wait=False)
+    gone_since = None  # the lock file is rewritten while the server starts: one empty read is no death
+    while not _accepts(node):
+        now = time.monotonic()
+        gone_since = (gone_since or now) if node.pid() is None else None
+        if now - t0 > timeout or (gone_since is not None and now - gone_since > 3):
+            raise LabError(f"{node.name} did not come back after the fault:\n{node.log_tail()}")
+        time.sleep(0.01)
+    return time.monotonic() - t0
+
+
+def promote(node, timeout: float = 60) -> float:
+    """Promote a standby; seconds until it is out of recovery."""
+    t0 = time.monotonic()
+    node.run_pg([node.bin("pg_ctl"), "-D", node.datadir, "-w", "-t", int(timeout), "promote"],
+                timeout=timeout + 10)
+    wait_for(lambda: not node.scalar("SELECT pg_is_in_recovery()"), timeout, f"{node.name} to be promoted")
+    return time.monotonic() - t0
+
+
+def rewind(node, source, timeout: float = 300) -> str:
+    """pg_rewind a crashed former primary against `source` (the new primary);
+    returns pg_rewind's last line.  The source checkpoints first: until the
+    checkpoint that promotion requested completes, its control file names the
+    old timeline, and pg_rewind (stock, before 18) would then conclude "no
+    rewind required" and leave the old primary on its lost branch."""
+    source.sql("CHECKPOINT")
+    p = node.run_pg([node.bin("pg_rewind"), "-D", node.datadir, "--source-server",
+                     f"host={source.sockdir} port={source.port} user=postgres dbname=postgres"],
+                    timeout=timeout, check=False)
+    if p.returncode != 0:
+        raise LabError(f"pg_rewind of {node.name} failed:\n{p.stdout}\n{p.stderr}")
+    out = (p.stdout + p.stderr).strip()
+    if os.environ.get("PGWAL_AUDIT_DEBUG"):
+        print(out, flush=True)
+    lines = out.splitlines()
+    return lines[-1] if lines else ""
+
+
+def make_standby_of(node, upstream) -> None:
+    """Make `node` (stopped) a synchronous standby of `upstream` (running)."""
+    node.upstream = upstream
+    node.sync = True
+    (node.datadir / "standby.signal").touch()
+    run(["chown", "--reference", str(node.datadir), str(node.datadir / "standby.signal")])
+    auto = node.datadir / "postgresql.auto.conf"  # pg_rewind copied the source's
+    auto.write_text("")
+    run(["chown", "--reference", str(node.datadir), str(auto)])

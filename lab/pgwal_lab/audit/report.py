@@ -1,0 +1,136 @@
+"""The audit's report: per level x fault x node, what was acknowledged and
+what survived, next to what the level promises."""
+from __future__ import annotations
+
+import statistics
+
+from . import check
+from ..scenarios import LEVEL_ORDER
+
+READERS = ("plain", "block", "for_update", "durable", "xact_status")
+
+
+def _level_key(level: str) -> tuple:
+    base = level.split("+")[0]
+    return (LEVEL_ORDER.index(base) if base in LEVEL_ORDER else len(LEVEL_ORDER), level)
+
+
+def _cells(records: list[dict]) -> dict:
+    """(fault, level, node) -> the checks of valid cycles; (fault, level) -> void count."""
+    cells: dict = {}
+    void: dict = {}
+    for r in records:
+        if r.get("void"):
+            void[(r["fault"], r["level"])] = void.get((r["fault"], r["level"]), 0) + 1
+            continue
+        for c in r["checks"]:
+            cells.setdefault((r["fault"], r["level"], c["node"]), []).append((r, c))
+    return {"cells": cells, "void": void}
+
+
+def verdict(level: str, fault: str, lost: int, cycles: int, violations: int) -> str:
+    if violations:
+        return "**VIOLATION**"
+    if check.acks_promised(level, fault):
+        return "ok (0 promised)"
+    if lost:
+        return "control: losses seen"
+    return "control: **no loss seen** (audit blind?)" if cycles >= 20 else "control: no loss seen yet"
+
+
+def summary_table(records: list[dict]) -> list[str]:
+    cells = _cells(records)["cells"]
+    faults = [f for f in check.FAULTS if any(k[0] == f for k in cells)]
+    levels = sorted({k[1] for k in cells}, key=_level_key)
+    lines = ["Acknowledged commits lost / acknowledged, over all valid cycles, on the node the fault "
+             "left serving (kill, power: the restarted primary; failover: the promoted standby). "
+             "**0** where the level promises survival; a control (no promise) should show losses.", "",
+             "| level | " + " | ".join(faults) + " |", "|---|" + "---|" * len(faults)]
+    for lvl in levels:
+        row = [f"`{lvl}`"]
+        for f in faults:
+            node = "promoted" if f.startswith("failover") else "primary"
+            items = cells.get((f, lvl, node), [])
+            if not items:
+                row.append("–")
+                continue
+            lost = sum(c["acked_lost"] for _, c in items)
+            acked = sum(c["acked"] for _, c in items)
+            bad = sum(1 for _, c in items if c["violations"])
+            mark = "✗" if bad else ("✓" if check.acks_promised(lvl, f) else "ctl")
+            row.append(f"{lost} / {acked} ({len(items)} cycles) {mark}")
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "✓ promised and held; ✗ a promise broken (see below); ctl: a control level that may lose.", ""]
+    return lines
+
+
+def _ms(values: list[float]) -> str:
+    if not values:
+        return "–"
+    return f"{statistics.median(values):.2f} ({max(values):.2f})"
+
+
+def detail_tables(records: list[dict]) -> list[str]:
+    data = _cells(records)
+    cells, void = data["cells"], data["void"]
+    lines = []
+    for f in check.FAULTS:
+        keys = sorted([k for k in cells if k[0] == f], key=lambda k: (_level_key(k[1]), k[2] != "promoted"))
+        if not keys:
+            continue
+        lines += [f"### {f}", "", check.FAULT_DOC[f] + ".", "",
+                  "| level | node | cycles (void) | acked | acked lost (cycles) | torn | in doubt (committed) "
+                  "| status lied | reads that saw a lost commit: " + ", ".join(READERS)
+                  + " | farthest such read: commits, ms before the fault | recovery s median (max) "
+                  "| rows differing from the serving node | verdict |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for _, lvl, node in keys:
+            items = cells[(f, lvl, node)]
+            cks = [c for _, c in items]
+            lost = sum(c["acked_lost"] for c in cks)
+            lost_cycles = sum(1 for c in cks if c["acked_lost"])
+            viol = sum(1 for c in cks if c["violations"])
+            reads = []
+            for kind in READERS:
+                made = sum(c["reads"].get(kind, 0) for c in cks)
+                saw = sum(c["reads_lost"].get(kind, 0) for c in cks)
+                reads.append("–" if not made else f"{saw}/{made}")
+            far = max((c["reads_lost_commits"] for c in cks), default=0)
+            far_ms = [c["reads_lost_ms"] for c in cks if c["reads_lost_ms"] is not None]
+            rec_s = [r["recovery_s"] for r, _ in items]
+            lines.append(
+                f"| `{lvl}` | {node} | {len(cks)} ({void.get((f, lvl), 0)}) | {sum(c['acked'] for c in cks)} | "
+                f"{lost} ({lost_cycles}) | {sum(c['torn'] for c in cks)} | "
+                f"{sum(c['in_doubt'] for c in cks)} ({sum(c['in_doubt_committed'] for c in cks)}) | "
+                f"{sum(c['status_lied'] for c in cks)} | {' · '.join(reads)} | "
+                f"{far if far else '–'}{', ' + format(min(far_ms), '.0f') + ' ms' if far_ms else ''} | "
+                f"{_ms(rec_s) if node not in ('rejoined', 'standby') else '–'} | "
+                f"{sum(c['diverged'] or 0 for c in cks) if cks[0].get('diverged') is not None else '–'} | "
+                f"{verdict(lvl, f, lost, len(cks), viol)} |")
+        lines.append("")
+        bad = [(r, c) for k in keys for r, c in cells[k] if c["violations"]]
+        for r, c in bad[:20]:
+            lines.append(f"- cycle {r['cycle']} `{r['level']}` {c['node']}: " + "; ".join(c["violations"]))
+        if bad:
+            lines.append("")
+    return lines
+
+
+def section(records: list[dict]) -> list[str]:
+    first = records[0]
+    proof = first.get("proof") or {}
+    params = first.get("params") or {}
+    nodes = "; ".join(f"{k}: {v}" for k, v in proof.items() if k != "build")
+    lines = [f"Server {first.get('server_version')}; {params.get('cycles')} cycles per level and fault, load "
+             f"{params.get('load_s')} s before each fault (uniform), seed {params.get('seed')}. Proved before "
+             f"the first cycle: {nodes or 'nothing'}.", ""]
+    lines += summary_table(records)
+    lines += detail_tables(records)
+    lines += ["Reads: *plain* autocommit, *block* REPEATABLE READ transaction, *for_update* "
+              "`SELECT ... FOR UPDATE` of the hot row, *durable* with `durable_snapshots = on`, *xact_status* "
+              "`pg_xact_status()` of a commit in flight answered `committed`; a read saw a lost commit when it "
+              "returned a writer's sequence number (or the hot row's value) beyond what the recovered node "
+              "holds. *in doubt*: the commit in flight at the fault (not acknowledged), and how many of those "
+              "the recovered node reports committed; *status lied*: its pg_xact_status disagrees with its "
+              "rows. Void cycles (a session failed before the fault) are not counted.", ""]
+    return lines

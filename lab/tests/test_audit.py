@@ -1,0 +1,157 @@
+"""The durability audit: the volatile page cache it relies on, and short
+audits of the patched and the stock server that fail on any loss where
+none is promised (the full run is in docs/results/durability-audit)."""
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pgwal_lab import power
+from pgwal_lab.audit import check
+from pgwal_lab.cli import run_scenario
+from pgwal_lab.scenarios import audit
+from pgwal_lab.util import LabError
+
+from .conftest import lab_leftovers
+
+
+@pytest.fixture
+def vdir():
+    d = Path("/dev/shm") / f"pgwal-volatile-test-{os.getpid()}"
+    shutil.rmtree(d, ignore_errors=True)
+    (d / "data").mkdir(parents=True)
+    power.prepare(d / "logs")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _python(vdir, code: str, *args, volatile: bool = True):
+    env = dict(os.environ, **(power.volatile_env(vdir / "logs", vdir / "data") if volatile else {}))
+    subprocess.run([sys.executable, "-c", textwrap.dedent(code), str(vdir / "data"), *args], env=env,
+                   check=True, timeout=60)
+
+
+def test_self_test_passes_with_the_shim_and_fails_without(vdir):
+    power.self_test(vdir / "logs", vdir / "data", lambda cmd: subprocess.run(
+        cmd, env=dict(os.environ, **power.volatile_env(vdir / "logs", vdir / "data")), check=True))
+    with pytest.raises(LabError, match="not in effect"):
+        power.self_test(vdir / "logs", vdir / "data", lambda cmd: subprocess.run(cmd, check=True))
+
+
+def test_a_sync_from_another_process_makes_the_file_durable(vdir):
+    """fsync syncs a file, not a descriptor: one process writes, another
+    fsyncs, and only what was written after that sync is lost."""
+    _python(vdir, """
+        import os, sys
+        fd = os.open(os.path.join(sys.argv[1], "f"), os.O_RDWR | os.O_CREAT, 0o600)
+        os.pwrite(fd, b"1" * 100, 0)
+    """)
+    _python(vdir, """
+        import os, sys
+        fd = os.open(os.path.join(sys.argv[1], "f"), os.O_RDONLY)
+        os.fsync(fd)
+    """)
+    _python(vdir, """
+        import os, sys
+        fd = os.open(os.path.join(sys.argv[1], "f"), os.O_WRONLY | os.O_APPEND)
+        os.write(fd, b"2" * 50)
+    """)
+    stats = power.undo(vdir / "logs", [vdir / "data"])
+    assert (vdir / "data" / "f").read_bytes() == b"1" * 100
+    assert stats.writes == 1 and stats.bytes == 50
+
+
+def test_unsynced_file_in_a_reused_inode_is_not_touched(vdir):
+    """A log belongs to one file: an unlinked file's log is an orphan, never
+    applied to another file, and write-only descriptors are recorded too."""
+    _python(vdir, """
+        import os, sys
+        p = os.path.join(sys.argv[1], "tmp")
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.write(fd, b"t" * 10)
+        os.close(fd)
+        os.unlink(p)
+        fd = os.open(os.path.join(sys.argv[1], "kept"), os.O_WRONLY | os.O_CREAT, 0o600)
+        os.write(fd, b"k" * 10)
+        os.fdatasync(fd)
+    """)
+    stats = power.undo(vdir / "logs", [vdir / "data"])
+    assert (vdir / "data" / "kept").read_bytes() == b"k" * 10
+    assert stats.orphans == 1 and stats.writes == 0
+
+
+def test_syncfs_empties_every_log_and_a_torn_entry_is_ignored(vdir):
+    _python(vdir, """
+        import ctypes, os, sys
+        fd = os.open(os.path.join(sys.argv[1], "a"), os.O_RDWR | os.O_CREAT, 0o600)
+        os.write(fd, b"a" * 10)
+        ctypes.CDLL(None).syncfs(fd)
+        os.write(fd, b"b" * 10)
+    """)
+    logs = list((vdir / "logs").glob("*.undo"))
+    assert len(logs) == 1
+    with logs[0].open("ab") as f:  # a writer killed while appending its entry
+        f.write(power.HEADER.pack(power.UNDO_MAGIC, 0, 0, 10, 0, 10)[:20])
+    assert len(power.read_log(logs[0])) == 1
+    power.undo(vdir / "logs", [vdir / "data"])
+    assert (vdir / "data" / "a").read_bytes() == b"a" * 10
+
+
+def test_promises_table():
+    assert check.acks_promised("on", "failover-both")
+    assert not check.acks_promised("remote_write", "failover-both")
+    assert check.acks_promised("remote_receive+flush_worker", "failover")
+    assert not check.acks_promised("local_non_durable_reads", "failover")
+    assert check.acks_promised("local_non_durable_reads", "power")
+    assert not check.reads_promised("local_non_durable_reads", "power", "plain")
+    assert check.reads_promised("local_non_durable_reads", "power", "durable")
+    assert check.reads_promised("local_non_durable_reads", "kill", "xact_status")
+    assert not check.reads_promised("local_non_durable_reads", "failover", "durable")
+    assert check.reads_promised("on", "failover", "for_update")
+
+
+def _short_audit(bin_dir, tmp_path, **params):
+    before = lab_leftovers()
+    records, _ = run_scenario("audit", bin_dir, params, smoke=True, results=tmp_path, max_minutes=15, quiet=True)
+    assert lab_leftovers() == before
+    return records
+
+
+def _assert_clean_audit(records, levels_expected):
+    problems = audit.failures(records)
+    assert problems is None, problems
+    cells = {(r["fault"], r["level"]) for r in records}
+    assert cells == {(f, lvl) for f in check.FAULTS for lvl in levels_expected}
+    assert all(r["acked_total"] > 0 for r in records)
+    for r in records:
+        assert [c["node"] for c in r["checks"]] == (["promoted", "rejoined"] if r["fault"].startswith("failover")
+                                                    else ["primary", "standby"])
+        if r["fault"] != "kill":
+            assert r["undone"], "a power loss that undid nothing on any node"
+
+
+def test_short_audit_patched(pg_bin, tmp_path):
+    records = _short_audit(pg_bin, tmp_path, cycles=2)
+    _assert_clean_audit(records, ["off", "local", "local_non_durable_reads", "remote_receive",
+                                  "remote_receive+flush_worker", "remote_write", "remote_write+uw", "on", "on+uw",
+                                  "remote_apply"])
+    assert "volatile page cache proved" in records[0]["proof"]["primary"]
+    assert records[0]["proof"]["link"]["rtt_ms_min"] >= 2.0
+
+
+def test_short_audit_stock(stock_bin, tmp_path):
+    records = _short_audit(stock_bin, tmp_path, cycles=2)
+    _assert_clean_audit(records, ["off", "local", "remote_write", "on", "remote_apply"])
+
+
+def test_audit_sees_a_broken_promise(pg_bin, tmp_path):
+    """With fsync = off nothing is durable: a power loss takes acknowledged
+    `local` commits, and the audit must say so."""
+    records = _short_audit(pg_bin, tmp_path, levels="local", faults="power",
+                           server_settings={"fsync": "off"})
+    problems = audit.failures(records)
+    assert problems and "acknowledged commits lost" in problems
