@@ -22,11 +22,12 @@ import psycopg
 
 from .ledger import EXPECTED_PARTS, HOT, Load
 
-FAULTS = ("kill", "power", "failover", "failover-both")
+FAULTS = ("kill", "power", "standby-power", "failover", "failover-both")
 
 FAULT_DOC = {
     "kill": "every primary process SIGKILLed at once; the primary restarts (crash recovery)",
     "power": "the primary's processes SIGKILLed and its unsynced writes dropped (emulated OS crash)",
+    "standby-power": "power loss on the standby alone; it restarts and catches up, the primary serves on",
     "failover": "primary power loss, the standby (up) promoted",
     "failover-both": "power loss on primary and standby together; the standby restarts and is promoted",
 }
@@ -35,6 +36,7 @@ FAULT_DOC = {
 _SURVIVES = {
     "kill": {"local", "remote_receive", "remote_write", "on", "remote_apply"},
     "power": {"local", "remote_receive", "remote_write", "on", "remote_apply"},
+    "standby-power": {"off", "local", "remote_receive", "remote_write", "on", "remote_apply"},
     "failover": {"remote_receive", "remote_write", "on", "remote_apply"},
     "failover-both": {"on", "remote_apply"},
 }

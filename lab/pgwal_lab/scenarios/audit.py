@@ -26,7 +26,7 @@ use {"fsync": "off"} to break the promises on purpose.
 
 Levels: `auto` is every level the server has (sync_levels), plus
 `remote_receive+flush_worker` (the standby's wal_receiver_flush_worker on)
-where the server has it.  Faults: kill, power, failover, failover-both.
+where the server has it.  Faults: kill, power, standby-power, failover, failover-both.
 Before the first cycle each node shows its volatile page cache in effect
 (power.self_test as the server user, and the shim mapped in the
 postmaster with the node's undo log directory); the run stops otherwise.
@@ -186,8 +186,11 @@ def run_cycle(ctx: Context, cluster, cycle: int, level: str, fault: str, load_s:
         faults.stall(standby.proxy.pid)
         time.sleep(stall_ms / 1000)
     load.fault_at = time.monotonic()
-    crashed = [primary, standby] if fault == "failover-both" else [primary]
+    crashed = {"failover-both": [primary, standby], "standby-power": [standby]}.get(fault, [primary])
     undone = faults.crash(crashed, power_loss=fault != "kill", proxies=proxies)
+    # with the standby down, waiting commits wait: it comes back before the
+    # sessions are asked to stop
+    standby_back_s = faults.start(standby) if fault == "standby-power" else None
     load.finish()
     rec = {"cycle": cycle, "level": level, "fault": fault, "load_s": round(load_s, 3), "undone": undone,
            "stall_ms": round(stall_ms, 1) if failover else None,
@@ -196,7 +199,14 @@ def run_cycle(ctx: Context, cluster, cycle: int, level: str, fault: str, load_s:
            "acked_total": sum(len(w.acked) for w in load.writers), "checks": []}
     if rec["writer_errors"] or rec["reader_errors"]:
         rec["void"] = True
-    if fault in ("kill", "power"):
+    if fault == "standby-power":
+        rec["recovery_s"] = round(standby_back_s, 3)
+        cluster.wait_streaming()
+        rec["checks"].append(_check(primary, load, "primary").asdict())
+        rec["prepared_rolled_back"] = _cleanup_prepared(primary, cycle)
+        cluster.wait_replay()
+        rec["checks"].append(_check(standby, load, "standby", serving=primary).asdict())
+    elif fault in ("kill", "power"):
         rec["recovery_s"] = round(faults.start(primary), 3)
         chk = _check(primary, load, "primary")
         rec["checks"].append(chk.asdict())
