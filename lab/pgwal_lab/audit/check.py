@@ -57,6 +57,17 @@ def acks_promised(level: str, fault: str) -> bool:
     return base_level(level) in _SURVIVES[fault]
 
 
+def is_control(level: str, fault: str) -> bool:
+    """A cell that must show losses, or the audit cannot see them: `off`
+    wherever it promises nothing, `local` (with or without early release)
+    under failover, where a stalled link leaves its commits on the primary
+    alone."""
+    if acks_promised(level, fault):
+        return False
+    base = base_level(level)
+    return base == "off" or (base == "local" and fault.startswith("failover"))
+
+
 def reads_promised(level: str, fault: str, reader: str) -> bool:
     """The level promises that a reader of this kind never sees a commit the
     fault then takes back.  Without early release a commit is visible only

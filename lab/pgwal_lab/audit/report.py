@@ -33,9 +33,11 @@ def verdict(level: str, fault: str, lost: int, cycles: int, violations: int) -> 
         return "**VIOLATION**"
     if check.acks_promised(level, fault):
         return "ok (0 promised)"
-    if lost:
-        return "control: losses seen"
-    return "control: **no loss seen** (audit blind?)" if cycles >= 20 else "control: no loss seen yet"
+    if check.is_control(level, fault):
+        if lost:
+            return "control: losses seen"
+        return "control: **no loss seen: the audit is blind here**" if cycles >= 20 else "control: no loss seen yet"
+    return "not promised: losses seen" if lost else "not promised: none seen"
 
 
 def summary_table(records: list[dict]) -> list[str]:
@@ -57,10 +59,12 @@ def summary_table(records: list[dict]) -> list[str]:
             lost = sum(c["acked_lost"] for _, c in items)
             acked = sum(c["acked"] for _, c in items)
             bad = sum(1 for _, c in items if c["violations"])
-            mark = "✗" if bad else ("✓" if check.acks_promised(lvl, f) else "ctl")
+            mark = "✗" if bad else ("✓" if check.acks_promised(lvl, f) else
+                                    "ctl" if check.is_control(lvl, f) else "np")
             row.append(f"{lost} / {acked} ({len(items)} cycles) {mark}")
         lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "✓ promised and held; ✗ a promise broken (see below); ctl: a control level that may lose.", ""]
+    lines += ["", "✓ promised and held; ✗ a promise broken (see below); ctl: a control, which must show losses "
+              "(else the audit cannot see them); np: not promised, losses possible.", ""]
     return lines
 
 
