@@ -112,6 +112,10 @@ def test_promises_table():
     assert check.reads_promised("local_non_durable_reads", "kill", "xact_status")
     assert not check.reads_promised("local_non_durable_reads", "failover", "durable")
     assert check.reads_promised("on", "failover", "for_update")
+    assert check.acks_promised("off", "standby-power")
+    assert check.is_control("off", "kill") and check.is_control("local", "failover")
+    assert check.is_control("local_non_durable_reads", "failover-both")
+    assert not check.is_control("remote_write", "failover-both") and not check.is_control("on", "kill")
 
 
 def _short_audit(bin_dir, tmp_path, **params):
