@@ -214,6 +214,8 @@ class Load:
 
 
 def prepare_cycle(conn: psycopg.Connection, cycle: int) -> None:
-    """The cycle's hot row (and the tables, once)."""
+    """Empty tables (the previous cycle was checked; its rows would only
+    fill the disk over thousands of cycles) with the cycle's hot row."""
     conn.execute(SCHEMA)
-    conn.execute("INSERT INTO audit_hot VALUES (%s, 0) ON CONFLICT (cycle) DO NOTHING", (cycle,))
+    conn.execute("TRUNCATE audit_rows, audit_hot")
+    conn.execute("INSERT INTO audit_hot VALUES (%s, 0)", (cycle,))
