@@ -130,7 +130,9 @@ def _assert_clean_audit(records, levels_expected):
     assert problems is None, problems
     cells = {(r["fault"], r["level"]) for r in records}
     assert cells == {(f, lvl) for f in check.FAULTS for lvl in levels_expected}
-    assert all(r["acked_total"] > 0 for r in records)
+    # a fault may come before a cycle's first acknowledgement, not in every cycle of a fault
+    for f in check.FAULTS:
+        assert sum(r["acked_total"] for r in records if r["fault"] == f) > 0, f
     for r in records:
         assert [c["node"] for c in r["checks"]] == (["promoted", "rejoined"] if r["fault"].startswith("failover")
                                                     else ["primary", "standby"])
@@ -159,3 +161,5 @@ def test_audit_sees_a_broken_promise(pg_bin, tmp_path):
                            server_settings={"fsync": "off"})
     problems = audit.failures(records)
     assert problems and "acknowledged commits lost" in problems
+    # the standby had WAL the primary lost: it cannot follow, and says so
+    assert "could not follow" in problems

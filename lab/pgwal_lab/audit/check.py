@@ -100,6 +100,7 @@ class NodeCheck:
     # for a node that follows the serving one: rows (and the hot value) of
     # the cycle that differ from the serving node's, once it caught up
     diverged: int | None = None
+    follow_error: str | None = None  # it could not follow the serving node at all
 
     def asdict(self) -> dict:
         return dict(self.__dict__)
@@ -195,6 +196,8 @@ def cycle_rows(conn, cycle: int) -> set:
 def violations(level: str, fault: str, chk: NodeCheck) -> list[str]:
     """What the node shows that the level does not allow."""
     out = []
+    if chk.follow_error:
+        out.append(f"could not follow the serving node ({chk.follow_error})")
     if chk.diverged:
         out.append(f"{chk.diverged} rows differ from the serving node's after catching up")
     if chk.acked_lost and acks_promised(level, fault):

@@ -167,6 +167,22 @@ def catch_up(cluster) -> None:
     cluster.wait_replay(lsn=cluster.primary.scalar("SELECT pg_current_wal_insert_lsn()::text"))
 
 
+def _follower_check(cluster, node, load: Load, label: str, serving, rec: dict) -> None:
+    """Check a node that follows `serving` once it caught up.  One that
+    cannot follow (it holds WAL the serving node lost) is a violation, and
+    the cluster is then unfit for further cycles (rec["fatal"])."""
+    try:
+        cluster.wait_streaming(timeout=30)
+        catch_up(cluster)
+    except LabError as e:
+        chk = check.NodeCheck(label)
+        chk.follow_error = str(e).splitlines()[0][:200]
+        rec["checks"].append(chk.asdict())
+        rec["fatal"] = f"{label} could not follow: {chk.follow_error}"
+        return
+    rec["checks"].append(_check(node, load, label, serving=serving).asdict())
+
+
 def _check(node, load: Load, label: str, serving=None) -> check.NodeCheck:
     """Check `node`; with `serving`, also compare its rows with that node's."""
     with psycopg.connect(node.conninfo(), autocommit=True, connect_timeout=10) as c:
@@ -217,11 +233,9 @@ def run_cycle(ctx: Context, cluster, cycle: int, level: str, fault: str, load_s:
         rec["void"] = True
     if fault == "standby-power":
         rec["recovery_s"] = round(standby_back_s, 3)
-        cluster.wait_streaming()
         rec["checks"].append(_check(primary, load, "primary").asdict())
         rec["prepared_rolled_back"] = _cleanup_prepared(primary, cycle)
-        catch_up(cluster)
-        rec["checks"].append(_check(standby, load, "standby", serving=primary).asdict())
+        _follower_check(cluster, standby, load, "standby", primary, rec)
     elif fault in ("kill", "power"):
         rec["recovery_s"] = round(faults.start(primary), 3)
         chk = _check(primary, load, "primary")
@@ -229,9 +243,7 @@ def run_cycle(ctx: Context, cluster, cycle: int, level: str, fault: str, load_s:
         rec["prepared_rolled_back"] = _cleanup_prepared(primary, cycle)
         # the standby follows the restarted primary (with unflushed WAL
         # streaming: onto its new timeline) and holds exactly its rows
-        cluster.wait_streaming()
-        catch_up(cluster)
-        rec["checks"].append(_check(standby, load, "standby", serving=primary).asdict())
+        _follower_check(cluster, standby, load, "standby", primary, rec)
     else:
         t0 = time.monotonic()
         standby.stop_proxy()  # it died with the primary
@@ -252,11 +264,10 @@ def run_cycle(ctx: Context, cluster, cycle: int, level: str, fault: str, load_s:
         standby.sql("SELECT pg_reload_conf()")
         faults.arm(old)
         faults.start(old)
-        cluster.wait_streaming()
-        rec["link"] = prove_link(old).get("rtt_ms_min")
         rec["prepared_rolled_back"] = _cleanup_prepared(standby, cycle)
-        catch_up(cluster)
-        rec["checks"].append(_check(old, load, "rejoined", serving=standby).asdict())
+        _follower_check(cluster, old, load, "rejoined", standby, rec)
+        if "fatal" not in rec:
+            rec["link"] = prove_link(old).get("rtt_ms_min")
     rec["disk_used_mb"] = {n.name: round(shutil.disk_usage(n.root / "mnt").used / 1048576)
                            for n in cluster.nodes.values()}
     for c in rec["checks"]:
@@ -318,6 +329,9 @@ def run(ctx: Context, params: dict) -> list[dict]:
             rec.update(common, scenario=NAME, group=fault, variant=level, run_id=ctx.run_id)
             ctx.store.append(rec)
             records.append(rec)
+            if rec.get("fatal"):
+                ctx.log(f"audit: cycle {i + 1} left the cluster unfit for more cycles: {rec['fatal']}")
+                break
             bad = [v for c in rec["checks"] for v in c["violations"]]
             if ctx.progress:
                 ctx.progress(f"cycle {i + 1}: {fault} at {level}: {rec['acked_total']} acked, "
