@@ -125,9 +125,14 @@ def section(records: list[dict]) -> list[str]:
     proof = first.get("proof") or {}
     params = first.get("params") or {}
     nodes = "; ".join(f"{k}: {v}" for k, v in proof.items() if k != "build")
-    lines = [f"Server {first.get('server_version')}; {params.get('cycles')} cycles per level and fault, load "
-             f"{params.get('load_s')} s before each fault (uniform), seed {params.get('seed')}. Proved before "
-             f"the first cycle: {nodes or 'nothing'}.", ""]
+    per_cell: dict = {}
+    for r in records:
+        per_cell[(r["fault"], r["level"])] = per_cell.get((r["fault"], r["level"]), 0) + 1
+    done = f"{min(per_cell.values())}–{max(per_cell.values())}" if per_cell else "0"
+    seeds = sorted({str((r.get("params") or {}).get("seed")) for r in records})
+    lines = [f"Server {first.get('server_version')}; {len(records)} cycles, {done} per level and fault (planned "
+             f"{params.get('cycles')} per run); load {params.get('load_s')} s before each fault (uniform); "
+             f"seed(s) {', '.join(seeds)}. Proved before the first cycle: {nodes or 'nothing'}.", ""]
     lines += summary_table(records)
     lines += detail_tables(records)
     lines += ["Reads: *plain* autocommit, *block* REPEATABLE READ transaction, *for_update* "
