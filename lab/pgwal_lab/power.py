@@ -18,7 +18,6 @@ import fcntl
 import os
 import shutil
 import struct
-import subprocess
 import sys
 import textwrap
 from dataclasses import dataclass

@@ -50,6 +50,14 @@ def _alive(pid: int) -> bool:
     return st[st.rfind(")") + 2] != "Z"
 
 
+def _signal(pids, sig) -> None:
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except ProcessLookupError:
+            pass
+
+
 def volatile_dir(node) -> Path:
     """The node's undo logs: on its own file system, outside the data directory."""
     return node.root / "mnt" / "volatile"
@@ -72,7 +80,6 @@ def crash(nodes: list, power_loss: bool, proxies: list[int] = ()) -> dict:
     `proxies` (pids of delay proxies) die with them, and with them the WAL
     in flight on those links, as with a machine that lost power."""
     stopped: dict[str, list[int]] = {}
-    reaped: dict[str, float] = {}
     # the children are listed before anything stops (a scan of /proc takes
     # milliseconds, during which they would run on); the postmaster stops
     # next, so no child appears after a second scan
@@ -82,34 +89,19 @@ def crash(nodes: list, power_loss: bool, proxies: list[int] = ()) -> dict:
         if pm is None or not _alive(pm):
             raise LabError(f"{n.name}: no running postmaster to crash")
         first[n.name] = [pm, *_children(pm)]
-    for p in proxies:
-        os.kill(p, signal.SIGSTOP)
+    _signal(proxies, signal.SIGSTOP)
     for pids in first.values():
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGSTOP)
-            except ProcessLookupError:
-                pass
+        _signal(pids, signal.SIGSTOP)
     for n in nodes:
         pm = first[n.name][0]
         late = [k for k in _children(pm) if k not in first[n.name]]
-        for k in late:
-            try:
-                os.kill(k, signal.SIGSTOP)
-            except ProcessLookupError:
-                pass
+        _signal(late, signal.SIGSTOP)
         stopped[n.name] = first[n.name] + late
     for pids in [*stopped.values(), list(proxies)]:
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _signal(pids, signal.SIGKILL)
     for n in nodes:
         pids = stopped[n.name]
-        t0 = time.monotonic()
         wait_for(lambda: not any(_exists(p) for p in pids), 30, f"{n.name}'s processes to die and be reaped")
-        reaped[n.name] = round(time.monotonic() - t0, 3)
         n.running = False
     out = {}
     for n in nodes:

@@ -38,12 +38,9 @@ import random
 import shutil
 import time
 
-import psycopg
-
-from .. import topology
+from .. import netem, topology
 from ..audit import check, faults
 from ..audit.ledger import READER_KINDS, Load, prepare_cycle
-from .. import netem
 from ..proof import ProofError, prove_disk, prove_link, read_build_info, shim_state
 from ..util import LabError, wait_for
 from . import Context, as_list, sync_levels
@@ -98,21 +95,24 @@ def session_settings(level: str, primary) -> dict:
     return s
 
 
+def _modifier_setting(level: str, node, modifier: str, guc: str, on: str, off: str) -> dict:
+    """The setting a level modifier turns on (and every other level off),
+    where the server has it; a modifier the server lacks is an error."""
+    if _has_setting(node, guc):
+        return {guc: on if modifier in level else off}
+    if modifier in level:
+        raise LabError(f"level {level}: the server has no {guc}")
+    return {}
+
+
 def primary_settings(level: str, primary) -> dict:
     """+uw: the primary streams WAL before flushing it (patch 0010)."""
-    if _has_setting(primary, "stream_unflushed_wal"):
-        return {"stream_unflushed_wal": "written" if "+uw" in level else "off"}
-    if "+uw" in level:
-        raise LabError(f"level {level}: the server has no stream_unflushed_wal")
-    return {}
+    return _modifier_setting(level, primary, "+uw", "stream_unflushed_wal", "written", "off")
 
 
 def standby_settings(level: str, standby) -> dict:
-    if _has_setting(standby, "wal_receiver_flush_worker"):
-        return {"wal_receiver_flush_worker": "on" if "+flush_worker" in level else "off"}
-    if "+flush_worker" in level:
-        raise LabError(f"level {level}: the server has no wal_receiver_flush_worker")
-    return {}
+    """+flush_worker: the standby's walreceiver hands its fsyncs to a worker (0006)."""
+    return _modifier_setting(level, standby, "+flush_worker", "wal_receiver_flush_worker", "on", "off")
 
 
 def apply_settings(node, settings: dict, timeout: float = 30) -> None:
@@ -194,15 +194,15 @@ def _follower_check(cluster, node, load: Load, label: str, serving, rec: dict) -
 
 def _check(node, load: Load, label: str, serving=None) -> check.NodeCheck:
     """Check `node`; with `serving`, also compare its rows with that node's."""
-    with psycopg.connect(node.conninfo(), autocommit=True, connect_timeout=10) as c:
+    with node.connect() as c:
         chk = check.check_node(c, load, label, statuses=serving is None)
         if serving is not None:
-            with psycopg.connect(serving.conninfo(), autocommit=True, connect_timeout=10) as s:
+            with serving.connect() as s:
                 chk.diverged = len(check.cycle_rows(c, load.cycle) ^ check.cycle_rows(s, load.cycle))
         return chk
 
 
-def run_cycle(ctx: Context, cluster, cycle: int, level: str, fault: str, load_s: float, stall_ms: float,
+def run_cycle(cluster, cycle: int, level: str, fault: str, load_s: float, stall_ms: float,
               readers: list[str]) -> dict:
     primary = cluster.primary
     standby = standby_of(cluster)
@@ -330,7 +330,7 @@ def run(ctx: Context, params: dict) -> list[dict]:
             stall_ms = rng.uniform(slo, shi) if (i // len(levels) // len(fault_list) + levels.index(level)) % 2 \
                 else 0.0
             try:
-                rec = run_cycle(ctx, cluster, i + 1, level, fault, load_s, stall_ms, readers)
+                rec = run_cycle(cluster, i + 1, level, fault, load_s, stall_ms, readers)
             except LabError as e:
                 logs = "\n".join(f"--- {n.name} ({'primary' if n is cluster.primary else 'standby'}) log:\n"
                                  f"{n.log_tail(40)}" for n in cluster.nodes.values())
