@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,38 @@ def test_syncfs_empties_every_log_and_a_torn_entry_is_ignored(vdir):
     assert (vdir / "data" / "a").read_bytes() == b"a" * 10
 
 
+def test_a_held_fsync_waits_for_the_release_and_keeps_the_write_volatile(vdir):
+    """The chosen-moment crashes hold WAL fsyncs: a matching file's fsync
+    waits while the hold file exists (its write still undoable meanwhile),
+    another file's does not, and a release lets it finish."""
+    (vdir / "data" / "pg_wal").mkdir()
+    hold = vdir / "hold"
+    hold.touch()
+    env = dict(os.environ, **power.volatile_env(vdir / "logs", vdir / "data"),
+               PGWAL_SHIM_HOLD_FILE=str(hold), PGWAL_SHIM_MATCH="/pg_wal/")
+    code = textwrap.dedent("""
+        import os, sys, time
+        for name in ("other", "pg_wal/seg"):
+            fd = os.open(os.path.join(sys.argv[1], name), os.O_RDWR | os.O_CREAT, 0o600)
+            os.write(fd, b"w" * 10)
+            t = time.monotonic()
+            os.fsync(fd)
+            print(name, round(time.monotonic() - t, 3), flush=True)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code, str(vdir / "data")], env=env, stdout=subprocess.PIPE,
+                         text=True)
+    assert p.stdout.readline().split()[0] == "other"  # not held
+    time.sleep(0.3)
+    assert p.poll() is None  # pg_wal/seg's fsync is held
+    logs = [e for f in (vdir / "logs").glob("*.undo") for e in power.read_log(f)]
+    assert len(logs) == 1  # its write is still volatile
+    hold.unlink()
+    name, waited = p.stdout.readline().split()
+    assert p.wait(timeout=10) == 0 and name == "pg_wal/seg" and float(waited) >= 0.3
+    stats = power.undo(vdir / "logs", [vdir / "data"])
+    assert stats.writes == 0 and (vdir / "data" / "pg_wal" / "seg").read_bytes() == b"w" * 10
+
+
 def test_promises_table():
     assert check.acks_promised("on", "failover-both")
     assert not check.acks_promised("remote_write", "failover-both")
@@ -116,6 +149,17 @@ def test_promises_table():
     assert check.is_control("off", "kill") and check.is_control("local", "failover")
     assert check.is_control("local_non_durable_reads", "failover-both")
     assert not check.is_control("remote_write", "failover-both") and not check.is_control("on", "kill")
+    # the faults that choose their moment end in one of the others
+    assert check.acks_promised("remote_receive", "partition") and not check.acks_promised("local", "partition")
+    assert check.acks_promised("local_non_durable_reads", "held-power")
+    assert not check.reads_promised("local_non_durable_reads", "held-power", "plain")
+    assert check.reads_promised("local_non_durable_reads", "held-power", "durable")
+    assert check.reads_promised("on", "held-power", "plain")
+    assert check.window_expected("local_non_durable_reads", "held-power")
+    assert not check.window_expected("on", "held-power")
+    assert check.is_control("remote_receive+flush_worker", "held-failover-both")
+    assert not check.is_control("remote_write", "held-failover-both")
+    assert check.acks_promised("on", "held-failover-both")
 
 
 def _short_audit(bin_dir, tmp_path, **params):
@@ -134,8 +178,8 @@ def _assert_clean_audit(records, levels_expected):
     for f in check.FAULTS:
         assert sum(r["acked_total"] for r in records if r["fault"] == f) > 0, f
     for r in records:
-        assert [c["node"] for c in r["checks"]] == (["promoted", "rejoined"] if r["fault"].startswith("failover")
-                                                    else ["primary", "standby"])
+        failover = check.base_fault(r["fault"]).startswith("failover")
+        assert [c["node"] for c in r["checks"]] == (["promoted", "rejoined"] if failover else ["primary", "standby"])
         if r["fault"] != "kill":
             assert r["undone"], "a power loss that undid nothing on any node"
 
@@ -147,6 +191,16 @@ def test_short_audit_patched(pg_bin, tmp_path):
                                   "remote_apply"])
     assert "volatile page cache proved" in records[0]["proof"]["primary"]
     assert records[0]["proof"]["link"]["rtt_ms_min"] >= 2.0
+    # the chosen moments hit their windows: early-released commits seen by
+    # plain readers and then lost; receipt acknowledged by a flush worker's
+    # walreceiver and lost with both nodes' page caches
+    window = [c for r in records if r["fault"] == "held-power" and r["level"] == "local_non_durable_reads"
+              for c in r["checks"] if c["node"] == "primary"]
+    assert sum(c["reads_lost"]["plain"] for c in window) > 0
+    acked_lost = [c["acked_lost"] for r in records if r["fault"] == "held-failover-both"
+                  and r["level"] == "remote_receive+flush_worker" for c in r["checks"] if c["node"] == "promoted"]
+    assert sum(acked_lost) > 0
+    assert all(r["reconnect_s"] < 30 for r in records if r["fault"] == "partition")
 
 
 def test_short_audit_stock(stock_bin, tmp_path):

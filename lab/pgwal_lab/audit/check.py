@@ -22,7 +22,11 @@ import psycopg
 
 from .ledger import EXPECTED_PARTS, HOT, Load
 
-FAULTS = ("kill", "power", "standby-power", "failover", "failover-both")
+FAULTS = ("kill", "power", "standby-power", "failover", "failover-both", "partition", "held-power",
+          "held-failover-both")
+
+# faults that are one of the first five with something done before the crash
+_AS = {"partition": "failover", "held-power": "power", "held-failover-both": "failover-both"}
 
 FAULT_DOC = {
     "kill": "every primary process SIGKILLed at once; the primary restarts (crash recovery)",
@@ -30,7 +34,19 @@ FAULT_DOC = {
     "standby-power": "power loss on the standby alone; it restarts and catches up, the primary serves on",
     "failover": "primary power loss, the standby (up) promoted",
     "failover-both": "power loss on primary and standby together; the standby restarts and is promoted",
+    "partition": "the link cut (its connections reset) while the primary serves on, healed, the standby "
+                 "reconnected; then a failover",
+    "held-power": "chosen moment: the primary's WAL fsyncs held, so what it wrote stays unflushed (commits "
+                  "released early are visible meanwhile), then its power lost",
+    "held-failover-both": "chosen moment: the standby's WAL fsyncs held, so what it received or wrote stays "
+                          "unflushed (a flush worker's walreceiver acknowledges receipt meanwhile), then "
+                          "failover-both",
 }
+
+
+def base_fault(fault: str) -> str:
+    """The crash a fault ends in: one of kill, power, standby-power, failover, failover-both."""
+    return _AS.get(fault, fault)
 
 # which levels promise that an acknowledged commit survives each fault
 _SURVIVES = {
@@ -54,18 +70,36 @@ def early_release(level: str) -> bool:
 
 def acks_promised(level: str, fault: str) -> bool:
     """The level promises that every acknowledged commit survives the fault."""
-    return base_level(level) in _SURVIVES[fault]
+    return base_level(level) in _SURVIVES[base_fault(fault)]
 
 
 def is_control(level: str, fault: str) -> bool:
     """A cell that must show losses, or the audit cannot see them: `off`
     wherever it promises nothing, `local` (with or without early release)
     under failover, where a stalled link leaves its commits on the primary
-    alone."""
+    alone; and a flush worker's walreceiver, which acknowledges receipt
+    while its flush is held and both nodes then lose power
+    (held-failover-both; without the worker the walreceiver waits in that
+    fsync itself and acknowledges little or nothing meanwhile)."""
     if acks_promised(level, fault):
         return False
     base = base_level(level)
-    return base == "off" or (base == "local" and fault.startswith("failover"))
+    if fault == "held-failover-both" and base in ("remote_receive", "remote_write") and "+flush_worker" in level:
+        return True
+    return base == "off" or (base == "local" and base_fault(fault).startswith("failover"))
+
+
+# the readers that see an early-released commit before its flush
+WINDOW_READERS = ("plain", "block", "for_update")
+
+
+def window_expected(level: str, fault: str) -> bool:
+    """A cell where the documented read window must show: with the
+    primary's WAL flush held, a plain reader sees early-released commits
+    that the power loss then takes (server/README.md, "What each read
+    channel can see before the flush").  None seen means the chosen moment
+    missed the window, as a control without losses would."""
+    return fault == "held-power" and early_release(level)
 
 
 def reads_promised(level: str, fault: str, reader: str) -> bool:
@@ -77,7 +111,7 @@ def reads_promised(level: str, fault: str, reader: str) -> bool:
         return False
     if not early_release(level) or reader == "xact_status":
         return True
-    return reader == "durable" and fault in ("kill", "power")
+    return reader == "durable" and base_fault(fault) in ("kill", "power")
 
 
 @dataclass

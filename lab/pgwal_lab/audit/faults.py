@@ -8,6 +8,11 @@ cut off, as `pg_ctl -m immediate` would let it.  With `power=True` the
 node's volatile page cache is then thrown away (power.undo): what was not
 fsynced is gone.  Several nodes crashed together are all stopped before
 any is killed.
+
+Chosen moments: `hold()` makes the node's WAL fsyncs wait (the shim's hold
+file) until `release()`, so what it wrote stays in its volatile page cache
+for as long as the audit wants; `cut()` and `heal()` break and restore a
+standby's link (its connections reset, reconnects refused meanwhile).
 """
 from __future__ import annotations
 
@@ -63,11 +68,40 @@ def volatile_dir(node) -> Path:
     return node.root / "mnt" / "volatile"
 
 
+def hold_file(node) -> Path:
+    """While this file exists the node's WAL fsyncs wait (pgwal_shim.c)."""
+    return node.root / "mnt" / "hold-wal-fsync"
+
+
 def arm(node) -> None:
-    """Give the node a volatile page cache from its next start on."""
+    """Give the node a volatile page cache from its next start on, and WAL
+    fsyncs that hold() can hold (pg_wal only; the data files sync as ever)."""
     d = volatile_dir(node)
     power.prepare(d)
-    node.extra_env = power.volatile_env(d, node.datadir)
+    release(node)
+    node.extra_env = {**power.volatile_env(d, node.datadir), "PGWAL_SHIM_HOLD_FILE": str(hold_file(node)),
+                      "PGWAL_SHIM_MATCH": "/pg_wal/"}
+
+
+def hold(node) -> None:
+    """From now on the node's WAL fsyncs wait (at most 10 s) until release()."""
+    hold_file(node).touch()
+
+
+def release(node) -> None:
+    hold_file(node).unlink(missing_ok=True)
+
+
+def cut(node) -> None:
+    """Cut a standby's link: its delay proxy dies, which resets both
+    connections, and nothing listens on its port until heal()."""
+    node.proxy.proc.kill()
+    node.proxy.proc.wait(timeout=10)
+
+
+def heal(node) -> None:
+    """A new proxy on the cut link's port: the walreceiver's next attempt connects."""
+    node.proxy.start()
 
 
 def stall(pid: int) -> None:
@@ -75,10 +109,11 @@ def stall(pid: int) -> None:
     os.kill(pid, signal.SIGSTOP)
 
 
-def crash(nodes: list, power_loss: bool, proxies: list[int] = ()) -> dict:
+def crash(nodes: list, power_loss: bool, proxies: list[int] = (), mark=None) -> dict:
     """Crash the nodes together; returns {node name: undo stats or {}}.
     `proxies` (pids of delay proxies) die with them, and with them the WAL
-    in flight on those links, as with a machine that lost power."""
+    in flight on those links, as with a machine that lost power.  `mark()`
+    is called just before the first process stops: the moment of the fault."""
     stopped: dict[str, list[int]] = {}
     # the children are listed before anything stops (a scan of /proc takes
     # milliseconds, during which they would run on); the postmaster stops
@@ -89,6 +124,8 @@ def crash(nodes: list, power_loss: bool, proxies: list[int] = ()) -> dict:
         if pm is None or not _alive(pm):
             raise LabError(f"{n.name}: no running postmaster to crash")
         first[n.name] = [pm, *_children(pm)]
+    if mark:
+        mark()
     _signal(proxies, signal.SIGSTOP)
     for pids in first.values():
         _signal(pids, signal.SIGSTOP)

@@ -28,9 +28,13 @@ def _cells(records: list[dict]) -> dict:
     return {"cells": cells, "void": void}
 
 
-def verdict(level: str, fault: str, lost: int, cycles: int, violations: int) -> str:
+def verdict(level: str, fault: str, lost: int, cycles: int, violations: int, window_reads: int = 0) -> str:
     if violations:
         return "**VIOLATION**"
+    if check.window_expected(level, fault):
+        if window_reads:
+            return "ok (0 promised); window seen"
+        return "window **not seen: the chosen moment missed it**" if cycles >= 5 else "window not seen yet"
     if check.acks_promised(level, fault):
         return "ok (0 promised)"
     if check.is_control(level, fault):
@@ -51,7 +55,7 @@ def summary_table(records: list[dict]) -> list[str]:
     for lvl in levels:
         row = [f"`{lvl}`"]
         for f in faults:
-            node = "promoted" if f.startswith("failover") else "primary"
+            node = "promoted" if check.base_fault(f).startswith("failover") else "primary"
             items = cells.get((f, lvl, node), [])
             if not items:
                 row.append("–")
@@ -99,6 +103,7 @@ def detail_tables(records: list[dict]) -> list[str]:
                 made = sum(c["reads"].get(kind, 0) for c in cks)
                 saw = sum(c["reads_lost"].get(kind, 0) for c in cks)
                 reads.append("–" if not made else f"{saw}/{made}")
+            window_reads = sum(c["reads_lost"].get(k, 0) for c in cks for k in check.WINDOW_READERS)
             far = max((c["reads_lost_commits"] for c in cks), default=0)
             far_ms = [c["reads_lost_ms"] for c in cks if c["reads_lost_ms"] is not None]
             rec_s = [r["recovery_s"] for r, _ in items]
@@ -110,7 +115,7 @@ def detail_tables(records: list[dict]) -> list[str]:
                 f"{far if far else '–'}{', ' + format(min(far_ms), '.0f') + ' ms' if far_ms else ''} | "
                 f"{_ms(rec_s) if node not in ('rejoined', 'standby') else '–'} | "
                 f"{sum(c['diverged'] or 0 for c in cks) if cks[0].get('diverged') is not None else '–'} | "
-                f"{verdict(lvl, f, lost, len(cks), viol)} |")
+                f"{verdict(lvl, f, lost, len(cks), viol, window_reads)} |")
         lines.append("")
         bad = [(r, c) for k in keys for r, c in cells[k] if c["violations"]]
         for r, c in bad[:20]:

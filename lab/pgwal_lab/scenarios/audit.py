@@ -17,16 +17,29 @@ link (the proxy frozen) for a random time up to `stall_ms` and crashes the
 primary inside the stall: commits a level acknowledges without the standby
 are then certainly beyond what the standby has.
 
-Each node's WAL fsync takes `wal_fsync_ms` more (the shim, pg_wal only):
-an early-released commit then stays visible but unflushed long enough for
-a crash to land in that window in many cycles.
+Each node's WAL fsync takes `wal_fsync_ms` more (the shim, pg_wal only).
+
+Random crash moments rarely land in the narrow windows the docs name, so
+three faults choose their moment (a random length within the bounds):
+`partition` cuts the link for `cut_ms` (the proxy dies: both connections
+reset, reconnects refused), heals it, lets the standby reconnect and
+stream on under load, then fails over.  `held-power` holds the primary's
+WAL fsyncs for `hold_ms` (the shim's hold file: what XLogWrite wrote sits
+in the page cache, unflushed) and then cuts its power: every commit
+released early in that time was visible and is lost, and every other
+level must have shown nothing of it.  `held-failover-both` holds the
+standby's WAL fsyncs and then cuts power on both: what a flush worker's
+walreceiver acknowledged meanwhile (received, written) is lost, what `on`
+acknowledges is not.  Without a flush worker the walreceiver itself waits
+in the held fsync and receives nothing more, so the window there is the
+batch it last wrote (seen: often nothing acknowledged in it).
 
 `server_settings` (a JSON object) adds settings to both nodes: the tests
 use {"fsync": "off"} to break the promises on purpose.
 
 Levels: `auto` is every level the server has (sync_levels), plus
 `remote_receive+flush_worker` (the standby's wal_receiver_flush_worker on)
-where the server has it.  Faults: kill, power, standby-power, failover, failover-both.
+where the server has it.  Faults: check.FAULTS.
 Before the first cycle each node shows its volatile page cache in effect
 (power.self_test as the server user, and the shim mapped in the
 postmaster with the node's undo log directory); the run stops otherwise.
@@ -47,7 +60,8 @@ from . import Context, as_list, sync_levels
 
 NAME = "audit"
 DEFAULTS = {"levels": "auto", "faults": list(check.FAULTS), "cycles": 100, "load_s": [0.3, 1.5],
-            "net": "1ms", "stall_ms": [0, 300], "wal_fsync_ms": 1, "seed": 1, "server_settings": {}}
+            "net": "1ms", "stall_ms": [0, 300], "cut_ms": [100, 1000],
+            "hold_ms": [50, 300], "wal_fsync_ms": 1, "seed": 1, "server_settings": {}}
 SMOKE = {"cycles": 1, "load_s": [0.2, 0.5]}
 
 SETTINGS = {
@@ -202,8 +216,10 @@ def _check(node, load: Load, label: str, serving=None) -> check.NodeCheck:
         return chk
 
 
-def run_cycle(cluster, cycle: int, level: str, fault: str, load_s: float, stall_ms: float,
+def run_cycle(cluster, cycle: int, level: str, fault: str, load_s: float, moment_ms: float,
               readers: list[str]) -> dict:
+    """One cycle.  `moment_ms`: how long the link stalls before a failover
+    (0: no stall), is cut in a partition, or the WAL fsyncs are held."""
     primary = cluster.primary
     standby = standby_of(cluster)
     apply_settings(standby, standby_settings(level, standby))
@@ -221,31 +237,51 @@ def run_cycle(cluster, cycle: int, level: str, fault: str, load_s: float, stall_
     load = Load(primary.conninfo(), cycle, session_settings(level, primary), readers)
     load.start()
     time.sleep(load_s)
-    failover = fault.startswith("failover")
+    kind = check.base_fault(fault)
+    failover = kind.startswith("failover")
+    pre: dict = {}
+    if fault == "partition":
+        pre["cut_ms"] = round(moment_ms, 1)
+        faults.cut(standby)
+        time.sleep(moment_ms / 1000)
+        faults.heal(standby)
+        t0 = time.monotonic()
+        cluster.wait_streaming(timeout=30)
+        pre["reconnect_s"] = round(time.monotonic() - t0, 3)
+        time.sleep(load_s / 2)  # streaming again, under load, before the crash
+    held = {"held-power": primary, "held-failover-both": standby}.get(fault)
     proxies = [standby.proxy.pid] if failover and standby.proxy else []
-    if failover and stall_ms > 0:
-        faults.stall(standby.proxy.pid)
-        time.sleep(stall_ms / 1000)
-    load.fault_at = time.monotonic()
-    crashed = {"failover-both": [primary, standby], "standby-power": [standby]}.get(fault, [primary])
-    undone = faults.crash(crashed, power_loss=fault != "kill", proxies=proxies)
+    try:
+        if held is not None:
+            pre["hold_ms"] = round(moment_ms, 1)
+            faults.hold(held)
+            time.sleep(moment_ms / 1000)
+        elif fault in ("failover", "failover-both") and moment_ms > 0:
+            pre["stall_ms"] = round(moment_ms, 1)
+            faults.stall(standby.proxy.pid)
+            time.sleep(moment_ms / 1000)
+        crashed = {"failover-both": [primary, standby], "standby-power": [standby]}.get(kind, [primary])
+        undone = faults.crash(crashed, power_loss=kind != "kill", proxies=proxies,
+                              mark=lambda: setattr(load, "fault_at", time.monotonic()))
+    finally:
+        if held is not None:
+            faults.release(held)
     # with the standby down, waiting commits wait: it comes back before the
     # sessions are asked to stop
-    standby_back_s = faults.start(standby) if fault == "standby-power" else None
+    standby_back_s = faults.start(standby) if kind == "standby-power" else None
     load.finish()
-    rec = {"cycle": cycle, "level": level, "fault": fault, "load_s": round(load_s, 3), "undone": undone,
-           "stall_ms": round(stall_ms, 1) if failover else None,
+    rec = {"cycle": cycle, "level": level, "fault": fault, "load_s": round(load_s, 3), "undone": undone, **pre,
            "writer_errors": [w.error for w in load.writers if w.error_before_fault],
            "reader_errors": [r.error for r in load.readers if r.error_before_fault],
            "acked_total": sum(len(w.acked) for w in load.writers), "checks": []}
     if rec["writer_errors"] or rec["reader_errors"]:
         rec["void"] = True
-    if fault == "standby-power":
+    if kind == "standby-power":
         rec["recovery_s"] = round(standby_back_s, 3)
         rec["checks"].append(_check(primary, load, "primary").asdict())
         rec["prepared_rolled_back"] = _cleanup_prepared(primary, cycle)
         _follower_check(cluster, standby, load, "standby", primary, rec)
-    elif fault in ("kill", "power"):
+    elif kind in ("kill", "power"):
         rec["recovery_s"] = round(faults.start(primary), 3)
         chk = _check(primary, load, "primary")
         rec["checks"].append(chk.asdict())
@@ -256,7 +292,7 @@ def run_cycle(cluster, cycle: int, level: str, fault: str, load_s: float, stall_
     else:
         t0 = time.monotonic()
         standby.stop_proxy()  # it died with the primary
-        if fault == "failover-both":
+        if kind == "failover-both":
             faults.start(standby)
         faults.promote(standby)
         rec["recovery_s"] = round(time.monotonic() - t0, 3)
@@ -293,7 +329,7 @@ def run(ctx: Context, params: dict) -> list[dict]:
     lo, hi = (float(x) for x in as_list(params["load_s"]))
     cycles = int(params["cycles"])
     rng = random.Random(int(params["seed"]))
-    slo, shi = (float(x) for x in as_list(params["stall_ms"]))
+    bounds = {k: [float(x) for x in as_list(params[k])] for k in ("stall_ms", "cut_ms", "hold_ms")}
     disk = f"fsync={int(float(params['wal_fsync_ms']) * 1000)},match=pg_wal" if float(params["wal_fsync_ms"]) \
         else "tmpfs"
     settings = dict(SETTINGS)
@@ -326,11 +362,17 @@ def run(ctx: Context, params: dict) -> list[dict]:
                         f"({i // max(1, len(levels) * len(fault_list))} full rounds)")
                 break
             load_s = rng.uniform(lo, hi)
-            # half the failover cycles of each level stall, alternating per round
-            stall_ms = rng.uniform(slo, shi) if (i // len(levels) // len(fault_list) + levels.index(level)) % 2 \
-                else 0.0
+            if fault.startswith("held-"):
+                moment_ms = rng.uniform(*bounds["hold_ms"])
+            elif fault == "partition":
+                moment_ms = rng.uniform(*bounds["cut_ms"])
+            elif (i // len(levels) // len(fault_list) + levels.index(level)) % 2:
+                # half the failover cycles of each level stall, alternating per round
+                moment_ms = rng.uniform(*bounds["stall_ms"]) if fault.startswith("failover") else 0.0
+            else:
+                moment_ms = 0.0
             try:
-                rec = run_cycle(cluster, i + 1, level, fault, load_s, stall_ms, readers)
+                rec = run_cycle(cluster, i + 1, level, fault, load_s, moment_ms, readers)
             except LabError as e:
                 logs = "\n".join(f"--- {n.name} ({'primary' if n is cluster.primary else 'standby'}) log:\n"
                                  f"{n.log_tail(40)}" for n in cluster.nodes.values())

@@ -61,6 +61,8 @@ static long fsync_us, pwrite_us, pwrite_us_per_mb, delay_write;
 static char match[256];
 static char volatile_dir[1024];
 static char volatile_match[1024];
+static char hold_file[1024];
+static long hold_max_ms;
 static int (*real_fsync)(int);
 static int (*real_fdatasync)(int);
 static ssize_t (*real_pwrite)(int, const void *, size_t, off_t);
@@ -83,6 +85,7 @@ __attribute__((constructor)) static void shim_init(void)
 	const char *m = getenv("PGWAL_SHIM_MATCH");
 	const char *vd = getenv("PGWAL_SHIM_VOLATILE_DIR");
 	const char *vm = getenv("PGWAL_SHIM_VOLATILE_MATCH");
+	const char *hf = getenv("PGWAL_SHIM_HOLD_FILE");
 
 	fsync_us = env_long("PGWAL_SHIM_FSYNC_US");
 	pwrite_us = env_long("PGWAL_SHIM_PWRITE_US");
@@ -94,6 +97,11 @@ __attribute__((constructor)) static void shim_init(void)
 		snprintf(volatile_dir, sizeof(volatile_dir), "%s", vd);
 	if (vm)
 		snprintf(volatile_match, sizeof(volatile_match), "%s", vm);
+	if (hf)
+		snprintf(hold_file, sizeof(hold_file), "%s", hf);
+	hold_max_ms = env_long("PGWAL_SHIM_HOLD_MAX_MS");
+	if (hold_max_ms <= 0)
+		hold_max_ms = 10000;
 	real_sync = dlsym(RTLD_NEXT, "sync");
 	real_syncfs = dlsym(RTLD_NEXT, "syncfs");
 	real_fsync = dlsym(RTLD_NEXT, "fsync");
@@ -414,10 +422,36 @@ static void after_write(int fd, ssize_t written)
 	delay_us(us);
 }
 
+/* Wait while the hold file exists (see the header), at most hold_max_ms. */
+static void hold_sync(int fd)
+{
+	struct timespec pause = {0, 200000};
+	struct timespec start,
+				now;
+	int			saved = errno;
+
+	if (!hold_file[0] || access(hold_file, F_OK) != 0 || !fd_matches(fd))
+	{
+		errno = saved;
+		return;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	do
+	{
+		nanosleep(&pause, NULL);
+		clock_gettime(CLOCK_MONOTONIC, &now);
+	} while (access(hold_file, F_OK) == 0 &&
+			 (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000 < hold_max_ms);
+	errno = saved;
+}
+
 int fsync(int fd)
 {
 	struct stat st;
-	int l = volatile_log(fd, 0, &st);
+	int l;
+
+	hold_sync(fd);
+	l = volatile_log(fd, 0, &st);
 	int r = real_fsync(fd);
 
 	volatile_synced(l, r == 0);
@@ -430,7 +464,10 @@ int fsync(int fd)
 int fdatasync(int fd)
 {
 	struct stat st;
-	int l = volatile_log(fd, 0, &st);
+	int l;
+
+	hold_sync(fd);
+	l = volatile_log(fd, 0, &st);
 	int r = real_fdatasync(fd);
 
 	volatile_synced(l, r == 0);
