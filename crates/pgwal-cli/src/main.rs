@@ -34,7 +34,8 @@ struct Cli {
 enum Command {
     /// Stream changes as JSON lines on stdout, one transaction framed by its
     /// begin and commit lines; positions are acknowledged only after the
-    /// output was written and flushed.
+    /// output was written and flushed, or with `--acks stdin` only once the
+    /// consumer wrote them back on stdin.
     Stream(stream_cmd::StreamArgs),
     #[command(about = receive_cmd::ABOUT, long_about = receive_cmd::LONG_ABOUT)]
     Receive(receive_cmd::ReceiveArgs),

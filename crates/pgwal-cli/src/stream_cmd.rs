@@ -11,6 +11,19 @@ use pgwal::{
 };
 use tokio::io::AsyncWriteExt;
 
+/// Who says that a position is processed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum AcksArg {
+    /// pgwal itself, once a transaction's lines were written and flushed to
+    /// stdout.
+    Output,
+    /// The consumer, by writing positions back on pgwal's stdin, one per
+    /// line (a commit line's `end_lsn`), once it has durably applied
+    /// everything up to them. A position pgwal has not written yet is an
+    /// error and nothing is acknowledged; end of stdin ends the stream.
+    Stdin,
+}
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub(crate) enum StreamingArg {
     Off,
@@ -54,6 +67,10 @@ pub(crate) struct StreamArgs {
     /// Include pg_logical_emit_message messages.
     #[arg(long)]
     messages: bool,
+    /// When a position counts as processed and is acknowledged to the
+    /// server (the slot never goes back behind it).
+    #[arg(long, value_enum, default_value = "output")]
+    acks: AcksArg,
     /// Seconds between feedback messages.
     #[arg(long, default_value_t = 1.0)]
     status_interval: f64,
@@ -76,6 +93,51 @@ fn parse_batch_wait(s: &str) -> std::result::Result<f64, String> {
 
 fn parse_lsn(s: &str) -> std::result::Result<Lsn, String> {
     s.parse::<Lsn>().map_err(|e| e.to_string())
+}
+
+/// A line on stdin (`--acks stdin`) that is not a position.
+#[derive(Debug)]
+struct BadAckLine {
+    line: u64,
+    text: String,
+}
+
+impl std::fmt::Display for BadAckLine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "stdin line {}: expected a position such as 0/16B3748, got {:?}; nothing was acknowledged",
+            self.line, self.text
+        )
+    }
+}
+
+impl std::error::Error for BadAckLine {}
+
+/// The next position the consumer acknowledged on stdin; `None` at its end.
+async fn next_ack(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::io::Stdin>>,
+    count: &mut u64,
+) -> Result<Option<Lsn>> {
+    loop {
+        let Some(text) = lines.next_line().await? else {
+            return Ok(None);
+        };
+        *count += 1;
+        let t = text.trim();
+        if t.is_empty() {
+            continue;
+        }
+        return t.parse::<Lsn>().map(Some).map_err(|_| {
+            Error::Io(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                BadAckLine {
+                    line: *count,
+                    text: text.clone(),
+                },
+            ))
+        });
+    }
 }
 
 pub(crate) async fn run(config: Config, a: StreamArgs) -> Result<()> {
@@ -140,11 +202,22 @@ pub(crate) async fn run(config: Config, a: StreamArgs) -> Result<()> {
     let mut line = Vec::with_capacity(512);
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
+    let consumer_acks = a.acks == AcksArg::Stdin;
+    let mut ack_lines =
+        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(tokio::io::stdin()));
+    let mut ack_count = 0u64;
     let mut report = tokio::time::interval(Duration::from_secs(1));
     loop {
         let event = tokio::select! {
             e = stream.next() => e,
             _ = &mut ctrl_c => None,
+            ack = next_ack(&mut ack_lines, &mut ack_count), if consumer_acks => match ack? {
+                Some(lsn) => {
+                    stream.try_ack(lsn)?;
+                    continue;
+                }
+                None => break, // the consumer will acknowledge nothing more
+            },
             _ = report.tick(), if progress => {
                 let rate = (events - last_events) as f64 / last_report.elapsed().as_secs_f64();
                 let lag = stream.server_wal_end() - stream.acked().max(stream.confirmed());
@@ -164,9 +237,12 @@ pub(crate) async fn run(config: Config, a: StreamArgs) -> Result<()> {
             out.write_all(&line).await?;
         }
         if let Some(lsn) = event.ack_lsn() {
-            // Acknowledge only what has reached stdout.
+            // Acknowledge only what has reached stdout (or, with --acks
+            // stdin, what the consumer says it applied: it must see it first).
             out.flush().await?;
-            stream.ack(lsn);
+            if !consumer_acks {
+                stream.ack(lsn);
+            }
         }
     }
     out.flush().await?;

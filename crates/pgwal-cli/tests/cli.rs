@@ -3,7 +3,9 @@
 #[path = "../../pgwal/tests/support/mod.rs"]
 mod support;
 
-use std::process::Command;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use support::{Cluster, Options};
@@ -139,6 +141,125 @@ fn slot_commands_and_stream() {
         }
         let (_, out, _) = pgwal(&c, &["slot", "list"]);
         assert_eq!(out, "");
+    }
+}
+
+fn confirmed(c: &Cluster, slot: &str) -> String {
+    c.query(&format!(
+        "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{slot}'"
+    ))
+}
+
+fn lsn_ge(c: &Cluster, a: &str, b: &str) -> bool {
+    c.query(&format!("SELECT '{a}'::pg_lsn >= '{b}'::pg_lsn")) == "t"
+}
+
+fn stream_acking_on_stdin(c: &Cluster, slot: &str) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_pgwal"))
+        .arg("-d")
+        .arg(format!("{} sslmode=disable", c.conninfo("postgres")))
+        .args([
+            "stream",
+            "-S",
+            slot,
+            "-P",
+            "p",
+            "--acks",
+            "stdin",
+            "--status-interval",
+            "0.1",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// `--acks stdin`: only what the consumer writes back is acknowledged; a
+/// position never written, or a line that is not one, is refused with
+/// nothing acknowledged; end of stdin ends the stream.
+#[test]
+fn consumer_acknowledges_on_stdin() {
+    for (label, bin) in support::servers() {
+        let c = Cluster::start(label, &bin, Options::default());
+        c.psql("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION p FOR TABLE t;");
+        let (ok, _, err) = pgwal(&c, &["slot", "create", "s"]);
+        assert!(ok, "{label}: {err}");
+        let start = confirmed(&c, "s");
+        c.psql("INSERT INTO t VALUES (1); INSERT INTO t VALUES (2); INSERT INTO t VALUES (3);");
+
+        let mut p = stream_acking_on_stdin(&c, "s");
+        let mut out = BufReader::new(p.stdout.take().unwrap());
+        let mut ends = Vec::new();
+        while ends.len() < 3 {
+            let mut l = String::new();
+            assert!(
+                out.read_line(&mut l).unwrap() > 0,
+                "{label}: stream ended early"
+            );
+            let v: Value = serde_json::from_str(&l).unwrap();
+            if v["type"] == "commit" {
+                ends.push(v["end_lsn"].as_str().unwrap().to_owned());
+            }
+        }
+        // Printed and flushed, but not acknowledged by the consumer: the slot stays.
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(
+            confirmed(&c, "s"),
+            start,
+            "{label}: acked without the consumer"
+        );
+        let mut stdin = p.stdin.take().unwrap();
+        writeln!(stdin, "{}", ends[0]).unwrap();
+        let t0 = Instant::now();
+        while !lsn_ge(&c, &confirmed(&c, "s"), &ends[0]) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "{label}: ack never confirmed"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(
+            !lsn_ge(&c, &confirmed(&c, "s"), &ends[1]),
+            "{label}: confirmed beyond the ack"
+        );
+        drop(stdin); // end of acknowledgements: the stream ends cleanly
+        let st = p.wait().unwrap();
+        assert!(st.success(), "{label}: exit {st:?}");
+
+        // The next run starts after the acked transaction: 2 and 3 again.
+        let stop = c.query("SELECT pg_current_wal_insert_lsn()");
+        let (ok, out, err) = pgwal(&c, &["stream", "-S", "s", "-P", "p", "--stop-lsn", &stop]);
+        assert!(ok, "{label}: {err}");
+        let ids: Vec<String> = lines(&out)
+            .iter()
+            .filter(|e| e["type"] == "insert")
+            .map(|e| e["new"]["id"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(ids, ["2", "3"], "{label}");
+
+        // Bad acknowledgements: refused with a clear error, nothing acked.
+        c.psql("INSERT INTO t VALUES (4);");
+        let before = confirmed(&c, "s");
+        for (line, want) in [
+            ("not-a-position", "stdin line 1: expected a position"),
+            ("FF/0", "beyond the last position delivered"),
+        ] {
+            let mut p = stream_acking_on_stdin(&c, "s");
+            writeln!(p.stdin.as_mut().unwrap(), "{line}").unwrap();
+            let o = p.wait_with_output().unwrap();
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(
+                !o.status.success() && err.contains(want),
+                "{label}: {line}: {err}"
+            );
+            assert_eq!(
+                confirmed(&c, "s"),
+                before,
+                "{label}: {line} acknowledged something"
+            );
+        }
     }
 }
 

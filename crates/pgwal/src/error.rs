@@ -175,6 +175,15 @@ pub enum Error {
         /// The server's current timeline.
         server: u32,
     },
+    /// A consumer acknowledged a position beyond the last event it was
+    /// given ([`AckHandle::try_ack`](crate::AckHandle::try_ack)); nothing
+    /// was acknowledged.
+    AckBeyondDelivery {
+        /// The position acknowledged.
+        acked: Lsn,
+        /// The ack point of the last event delivered.
+        delivered: Lsn,
+    },
 }
 
 impl fmt::Display for Error {
@@ -220,6 +229,11 @@ impl fmt::Display for Error {
                     "timeline {requested} is not on the server (its current timeline is {server})"
                 )
             }
+            Error::AckBeyondDelivery { acked, delivered } => write!(
+                f,
+                "acknowledged {acked}, beyond the last position delivered ({delivered}); nothing was \
+                 acknowledged, as the slot would otherwise skip changes nobody processed"
+            ),
         }
     }
 }

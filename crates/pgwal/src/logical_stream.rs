@@ -125,6 +125,12 @@ impl LogicalStream {
         self.shared.acked.fetch_max(lsn.0, Ordering::SeqCst);
     }
 
+    /// Acknowledges `lsn` only if this stream delivered an event with that
+    /// ack point or a later one; see [`AckHandle::try_ack`].
+    pub fn try_ack(&self, lsn: Lsn) -> Result<()> {
+        self.shared.try_ack(lsn)
+    }
+
     /// A cloneable handle for acknowledging from another task.
     pub fn ack_handle(&self) -> AckHandle {
         AckHandle {
@@ -172,6 +178,9 @@ impl Stream for LogicalStream {
             let current = this.shared.generation.load(Ordering::SeqCst);
             if this.batch_generation >= current {
                 if let Some(e) = this.batch.next() {
+                    if let Some(lsn) = e.ack_lsn() {
+                        this.shared.delivered.fetch_max(lsn.0, Ordering::SeqCst);
+                    }
                     return Poll::Ready(Some(Ok(e)));
                 }
             }

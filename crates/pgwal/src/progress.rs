@@ -17,6 +17,24 @@ pub(crate) struct Shared {
     pub(crate) generation: AtomicU64,
     /// The server's WAL end, from the latest XLogData or keepalive.
     pub(crate) server_end: AtomicU64,
+    /// Highest ack point of the events handed to the consumer (initially
+    /// where streaming began): what [`AckHandle::try_ack`] accepts.
+    pub(crate) delivered: AtomicU64,
+}
+
+impl Shared {
+    /// Acknowledges `lsn` if the consumer was given everything up to it.
+    pub(crate) fn try_ack(&self, lsn: Lsn) -> crate::Result<()> {
+        let delivered = Lsn(self.delivered.load(Ordering::SeqCst));
+        if lsn > delivered {
+            return Err(crate::Error::AckBeyondDelivery {
+                acked: lsn,
+                delivered,
+            });
+        }
+        self.acked.fetch_max(lsn.0, Ordering::SeqCst);
+        Ok(())
+    }
 }
 
 /// Acknowledges processed positions of a stream; cheap to clone and `Send`,
@@ -34,6 +52,24 @@ impl AckHandle {
     /// Acknowledges everything up to `lsn`.
     pub fn ack(&self, lsn: Lsn) {
         self.shared.acked.fetch_max(lsn.0, Ordering::SeqCst);
+    }
+
+    /// Acknowledges everything up to `lsn`, unless `lsn` lies beyond the
+    /// ack point of the last event the stream handed out: then nothing is
+    /// acknowledged and [`Error::AckBeyondDelivery`](crate::Error::AckBeyondDelivery)
+    /// says so. Use it where the position comes from outside the program (a
+    /// consumer process, a file): acknowledging past what was delivered
+    /// would let the slot skip changes nobody processed.
+    ///
+    /// ```no_run
+    /// # async fn f(stream: pgwal::LogicalStream) -> pgwal::Result<()> {
+    /// let acks = stream.ack_handle();
+    /// let from_consumer: pgwal::Lsn = "0/16B3748".parse().unwrap();
+    /// acks.try_ack(from_consumer)?; // an error if the stream never got there
+    /// # Ok(()) }
+    /// ```
+    pub fn try_ack(&self, lsn: Lsn) -> crate::Result<()> {
+        self.shared.try_ack(lsn)
     }
 
     /// The highest acknowledged position.
@@ -77,6 +113,20 @@ impl Delivery {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn try_ack_refuses_what_was_not_delivered() {
+        let s = Shared::default();
+        s.delivered.store(100, Ordering::SeqCst);
+        assert!(s.try_ack(Lsn(100)).is_ok());
+        match s.try_ack(Lsn(101)) {
+            Err(crate::Error::AckBeyondDelivery { acked, delivered }) => {
+                assert_eq!((acked, delivered), (Lsn(101), Lsn(100)));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(s.acked.load(Ordering::SeqCst), 100);
+    }
 
     #[test]
     fn idle_advance_only_when_everything_is_acked() {

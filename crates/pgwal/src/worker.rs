@@ -80,6 +80,7 @@ pub(crate) async fn open_session(
         .max(floor)
         .max(stream.start_lsn.unwrap_or_default());
     shared.acked.fetch_max(start.0, Ordering::SeqCst);
+    shared.delivered.fetch_max(start.0, Ordering::SeqCst);
     shared.confirmed.fetch_max(floor.0, Ordering::SeqCst);
     let opts = stream.plugin_options(major);
     let opts: Vec<(&str, String)> = opts.iter().map(|(k, v)| (*k, v.clone())).collect();
