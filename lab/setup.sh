@@ -88,6 +88,14 @@ if [ -n "${PGWAL_NETDELAY:-}" ] && [ -x "$PGWAL_NETDELAY" ]; then
 else
 	build_netdelay
 fi
+# the consumer audit (audit-consumer) runs the pgwal CLI: the crates' test
+# build serves, else build it here
+if [ -z "${PGWAL_BIN:-}" ] && [ ! -x crates/target/release/pgwal ] && [ ! -x crates/target/debug/pgwal ] &&
+	! command -v pgwal >/dev/null; then
+	log "building the pgwal CLI"
+	(cd crates && cargo build --release -q -p pgwal-cli) ||
+		log "WARNING: pgwal CLI not built: pgwal-lab run audit-consumer needs it (or PGWAL_BIN)"
+fi
 log "building the fsync shim"
 PYTHONPATH="$here" "$venv/bin/python" -m pgwal_lab build-shim >/dev/null
 

@@ -217,3 +217,33 @@ def test_audit_sees_a_broken_promise(pg_bin, tmp_path):
     assert problems and "acknowledged commits lost" in problems
     # the standby had WAL the primary lost: it cannot follow, and says so
     assert "could not follow" in problems
+
+
+def _short_consumer_audit(bin_dir, tmp_path):
+    from pgwal_lab.scenarios import audit_consumer
+
+    before = lab_leftovers()
+    records, _ = run_scenario("audit-consumer", bin_dir, {}, smoke=True, results=tmp_path, max_minutes=10,
+                              quiet=True)
+    assert lab_leftovers() == before
+    assert audit_consumer.failures(records) is None, audit_consumer.failures(records)
+    exact = [r for r in records if r["mode"] == "exact"]
+    control = [r for r in records if r["mode"] == "ack-before-apply"]
+    assert exact and control
+    # the consumer was broken off and started again, and every transaction
+    # the writers had acknowledged is in the copy exactly once
+    assert all(r["consumer_starts"] > 1 for r in records)
+    assert sum(r["compare"]["rows"] for r in exact) > 0
+    assert all(r["compare"]["acked_not_applied"] == 0 and r["compare"]["applied_twice"] == 0 for r in exact)
+    # what came again after a restart was skipped, not applied twice
+    assert sum(r["redelivered_skipped"] for r in exact) > 0
+    # the control, acknowledging before it applies, lost what its crash cut off
+    assert all(r["compare"]["acked_not_applied"] > 0 for r in control)
+
+
+def test_short_consumer_audit_patched(pg_bin, tmp_path):
+    _short_consumer_audit(pg_bin, tmp_path)
+
+
+def test_short_consumer_audit_stock(stock_bin, tmp_path):
+    _short_consumer_audit(stock_bin, tmp_path)

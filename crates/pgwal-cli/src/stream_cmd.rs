@@ -202,22 +202,33 @@ pub(crate) async fn run(config: Config, a: StreamArgs) -> Result<()> {
     let mut line = Vec::with_capacity(512);
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
-    let consumer_acks = a.acks == AcksArg::Stdin;
-    let mut ack_lines =
-        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(tokio::io::stdin()));
-    let mut ack_count = 0u64;
+    // The consumer's acknowledgements are read by a task of their own: were
+    // they read between writes to stdout, a consumer that waits for its ack
+    // to take effect before reading on would wait for a pgwal blocked on a
+    // full stdout pipe.
+    let mut acks_task = (a.acks == AcksArg::Stdin).then(|| {
+        let acks = stream.ack_handle();
+        tokio::spawn(async move {
+            let mut lines =
+                tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(tokio::io::stdin()));
+            let mut count = 0u64;
+            while let Some(lsn) = next_ack(&mut lines, &mut count).await? {
+                acks.try_ack(lsn)?;
+            }
+            Ok::<(), Error>(())
+        })
+    });
+    let consumer_acks = acks_task.is_some();
     let mut report = tokio::time::interval(Duration::from_secs(1));
     loop {
         let event = tokio::select! {
             e = stream.next() => e,
             _ = &mut ctrl_c => None,
-            ack = next_ack(&mut ack_lines, &mut ack_count), if consumer_acks => match ack? {
-                Some(lsn) => {
-                    stream.try_ack(lsn)?;
-                    continue;
-                }
-                None => break, // the consumer will acknowledge nothing more
-            },
+            done = async { acks_task.as_mut().expect("guarded").await }, if consumer_acks => {
+                // the consumer will acknowledge nothing more (end of stdin), or sent a bad line
+                done.map_err(|_| Error::Closed)??;
+                break;
+            }
             _ = report.tick(), if progress => {
                 let rate = (events - last_events) as f64 / last_report.elapsed().as_secs_f64();
                 let lag = stream.server_wal_end() - stream.acked().max(stream.confirmed());

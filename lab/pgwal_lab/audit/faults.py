@@ -25,7 +25,7 @@ from .. import power
 from ..util import LabError, run, wait_for
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
     out = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -55,7 +55,7 @@ def _alive(pid: int) -> bool:
     return st[st.rfind(")") + 2] != "Z"
 
 
-def _signal(pids, sig) -> None:
+def signal_all(pids, sig) -> None:
     for p in pids:
         try:
             os.kill(p, sig)
@@ -123,19 +123,19 @@ def crash(nodes: list, power_loss: bool, proxies: list[int] = (), mark=None) -> 
         pm = n.pid()
         if pm is None or not _alive(pm):
             raise LabError(f"{n.name}: no running postmaster to crash")
-        first[n.name] = [pm, *_children(pm)]
+        first[n.name] = [pm, *children(pm)]
     if mark:
         mark()
-    _signal(proxies, signal.SIGSTOP)
+    signal_all(proxies, signal.SIGSTOP)
     for pids in first.values():
-        _signal(pids, signal.SIGSTOP)
+        signal_all(pids, signal.SIGSTOP)
     for n in nodes:
         pm = first[n.name][0]
-        late = [k for k in _children(pm) if k not in first[n.name]]
-        _signal(late, signal.SIGSTOP)
+        late = [k for k in children(pm) if k not in first[n.name]]
+        signal_all(late, signal.SIGSTOP)
         stopped[n.name] = first[n.name] + late
     for pids in [*stopped.values(), list(proxies)]:
-        _signal(pids, signal.SIGKILL)
+        signal_all(pids, signal.SIGKILL)
     for n in nodes:
         pids = stopped[n.name]
         wait_for(lambda: not any(_exists(p) for p in pids), 30, f"{n.name}'s processes to die and be reaped")

@@ -148,3 +148,47 @@ def section(records: list[dict]) -> list[str]:
               "the recovered node reports committed; *status lied*: its pg_xact_status disagrees with its "
               "rows. Void cycles (a session failed before the fault) are not counted.", ""]
     return lines
+
+
+def consumer_section(records: list[dict]) -> list[str]:
+    """audit-consumer: per mode, what the copy holds against the source."""
+    from ..scenarios.audit_consumer import FAULT_KINDS
+
+    first = records[0]
+    params = first.get("params") or {}
+    seeds = sorted({str((r.get("params") or {}).get("seed")) for r in records})
+    lines = [f"Server {first.get('server_version')}; consumer `{first.get('pgwal')} stream --acks stdin`; "
+             f"{len(records)} cycles; load {params.get('load_s')} s with {params.get('faults_per_cycle')} faults "
+             f"per cycle at random moments; seed(s) {', '.join(seeds)}.", "",
+             "| mode | cycles (void) | faults: " + ", ".join(FAULT_KINDS) + " | commits acknowledged to the "
+             "writers | of those never applied | rows on the source | missing from the copy | only in the copy | applied twice "
+             "(transactions, rows) | hot row differs | delivered again and skipped | consumer starts | verdict |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for mode in sorted({r["mode"] for r in records}):
+        rs = [r for r in records if r["mode"] == mode and not r.get("void")]
+        void = sum(1 for r in records if r["mode"] == mode and r.get("void"))
+        counts = [sum(f == k for r in rs for f in r["faults"]) for k in FAULT_KINDS]
+        c = [r["compare"] for r in rs]
+        missing = sum(x["missing"] for x in c)
+        lost = sum(x["acked_not_applied"] for x in c)
+        bad = sum(1 for r in rs if r["violations"])
+        if mode == "exact":
+            verdict = "**VIOLATION**" if bad else "exactly once"
+        else:
+            verdict = "control: losses seen" if lost else "control: **no loss seen: the audit is blind**"
+        lines.append(
+            f"| `{mode}` | {len(rs)} ({void}) | {' · '.join(map(str, counts))} | {sum(r['acked_total'] for r in rs)} | {lost} | "
+            f"{sum(x['rows'] for x in c)} | {missing} | {sum(x['extra'] for x in c)} | "
+            f"{sum(x['applied_twice'] for x in c)}, {sum(x['duplicate_rows'] for x in c)} | "
+            f"{sum(1 for x in c if x['hot_source'] != x['hot_copy'])} | "
+            f"{sum(r['redelivered_skipped'] for r in rs)} | {sum(r['consumer_starts'] for r in rs)} | {verdict} |")
+    lines.append("")
+    for r in [r for r in records if r["violations"]][:20]:
+        lines.append(f"- cycle {r['cycle']} `{r['mode']}`: " + "; ".join(r["violations"]))
+    lines += ["", "*walsender*: pg_terminate_backend of the slot's walsender (pgwal reconnects); *consumer-kill*: "
+              "SIGKILL of the consumer and its pgwal; *pgwal-kill*: SIGKILL of pgwal alone; *crash-at*: the "
+              "consumer exits at its Nth transaction between apply and acknowledgement (`exact`: applied, not "
+              "acknowledged; `ack-before-apply`: acknowledged and confirmed by the slot, not applied). "
+              "*delivered again and skipped*: transactions pgwal delivered after a restart that the copy "
+              "already had (end_lsn not beyond its progress).", ""]
+    return lines
