@@ -461,6 +461,11 @@ def render(records: list[dict], out: Path, title: str | None = None) -> Path:
 
             lines += audit_report.consumer_section([r for r in records if r.get("scenario") == scenario])
             continue
+        if scenario == "audit-receiver":
+            from .audit import report as audit_report
+
+            lines += audit_report.receiver_section([r for r in records if r.get("scenario") == scenario])
+            continue
         for g, variants in groups.items():
             first = next(iter(variants.values()))[0]
             vc = first.get("variant_config", {})

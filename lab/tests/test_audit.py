@@ -247,3 +247,30 @@ def test_short_consumer_audit_patched(pg_bin, tmp_path):
 
 def test_short_consumer_audit_stock(stock_bin, tmp_path):
     _short_consumer_audit(stock_bin, tmp_path)
+
+
+def _short_receiver_audit(bin_dir, tmp_path):
+    from pgwal_lab.scenarios import audit_receiver
+
+    before = lab_leftovers()
+    records, _ = run_scenario("audit-receiver", bin_dir, {}, smoke=True, results=tmp_path, max_minutes=10,
+                              quiet=True)
+    assert lab_leftovers() == before
+    assert audit_receiver.failures(records) is None, audit_receiver.failures(records)
+    cells = {(r["fault"], r["mode"]) for r in records}
+    assert cells == {(f, m) for f in audit_receiver.FAULTS for m in audit_receiver.MODES}
+    for r in records:
+        assert r["acked_before_fault"] > 0, r
+        if audit_receiver.promised(r["mode"], r["fault"]):
+            assert r["commit_records"] >= r["acked_before_fault"], r
+    # what --ack write and --ack receive acknowledged without an fsync is lost with the page cache
+    for mode in ("write", "receive"):
+        assert sum(r["acked_lost"] for r in records if r["mode"] == mode and r["fault"] == "receiver-power") > 0
+
+
+def test_short_receiver_audit_patched(pg_bin, tmp_path):
+    _short_receiver_audit(pg_bin, tmp_path)
+
+
+def test_short_receiver_audit_stock(stock_bin, tmp_path):
+    _short_receiver_audit(stock_bin, tmp_path)

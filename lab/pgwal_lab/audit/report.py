@@ -192,3 +192,44 @@ def consumer_section(records: list[dict]) -> list[str]:
               "*delivered again and skipped*: transactions pgwal delivered after a restart that the copy "
               "already had (end_lsn not beyond its progress).", ""]
     return lines
+
+
+def receiver_section(records: list[dict]) -> list[str]:
+    """audit-receiver: per mode and fault, acknowledged commits missing from
+    the receiver's files after its crash."""
+    from ..scenarios.audit_receiver import FAULTS, LEVEL, is_control, promised
+
+    first = records[0]
+    params = first.get("params") or {}
+    seeds = sorted({str((r.get("params") or {}).get("seed")) for r in records})
+    lines = [f"Server {first.get('server_version')}; `{first.get('pgwal')} receive --ack MODE` as the only "
+             f"synchronous standby, its directory under a volatile page cache; {len(records)} cycles; load "
+             f"{params.get('load_s')} s before the crash; seed(s) {', '.join(seeds)}.", "",
+             "| `--ack` | level | fault | cycles (void) | commits acknowledged before the crash | of those without "
+             "a commit record in the receiver's files (cycles) | verdict |", "|---|---|---|---|---|---|---|"]
+    for mode in sorted({r["mode"] for r in records}, key=lambda m: ("flush", "write", "receive").index(m)):
+        for fault in FAULTS:
+            rs = [r for r in records if r["mode"] == mode and r["fault"] == fault]
+            if not rs:
+                continue
+            ok = [r for r in rs if not r.get("void")]
+            lost = sum(r["acked_lost"] for r in ok)
+            if any(r["violations"] for r in ok):
+                verdict = "**VIOLATION**"
+            elif promised(mode, fault):
+                verdict = "ok (0 promised)"
+            elif is_control(mode, fault):
+                verdict = "control: losses seen" if lost else "control: **no loss seen: the audit is blind**"
+            else:
+                verdict = "not promised: losses seen" if lost else "not promised: none seen"
+            lines.append(f"| `{mode}` | `{LEVEL[mode]}` | {fault} | {len(ok)} ({len(rs) - len(ok)}) | "
+                         f"{sum(r['acked_before_fault'] for r in ok)} | {lost} "
+                         f"({sum(1 for r in ok if r['acked_lost'])}) | {verdict} |")
+    lines.append("")
+    for r in [r for r in records if r["violations"]][:20]:
+        lines.append(f"- cycle {r['cycle']} {r['fault']} `--ack {r['mode']}`: " + "; ".join(r["violations"]))
+    lines += ["", "A commit counts as acknowledged when COMMIT returned to its writer before the crash; it is "
+              "present when pg_waldump finds its commit record (COMMIT PREPARED by the prepared xid) in the "
+              "receiver's files read from the cycle's first segment, right after the crash and before the "
+              "receiver starts again.", ""]
+    return lines
