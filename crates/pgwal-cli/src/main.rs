@@ -50,8 +50,10 @@ enum SlotCommand {
     Create(SlotCreateArgs),
     /// Drop a slot.
     Drop(SlotDropArgs),
-    /// List the replication slots of the server as JSON lines.
-    List,
+    /// List the replication slots of the server with their health: lag
+    /// behind the server's WAL, WAL status, invalidation (JSON lines, or a
+    /// table).
+    List(SlotListArgs),
 }
 
 #[derive(Args, Debug)]
@@ -64,6 +66,13 @@ struct SlotCreateArgs {
     /// Mark the slot for failover to standbys (PostgreSQL 17+).
     #[arg(long)]
     failover: bool,
+}
+
+#[derive(Args, Debug)]
+struct SlotListArgs {
+    /// Output format.
+    #[arg(long, value_enum, default_value = "json")]
+    format: slot_cmd::ListFormat,
 }
 
 #[derive(Args, Debug)]
@@ -103,7 +112,7 @@ fn main() -> ExitCode {
                 slot_cmd::create(config, &a.name, a.two_phase, a.failover).await
             }
             Command::Slot(SlotCommand::Drop(a)) => slot_cmd::drop(config, &a.name, a.wait).await,
-            Command::Slot(SlotCommand::List) => slot_cmd::list(config).await,
+            Command::Slot(SlotCommand::List(a)) => slot_cmd::list(config, a.format).await,
         }
     });
     match result {

@@ -135,6 +135,45 @@ fn slot_commands_and_stream() {
             .map(|s| s["slot_name"].as_str().unwrap().to_owned())
             .collect();
         assert_eq!(names, ["s1", "s2", "s3"], "{label}");
+        // Health: how far behind the server's WAL, whether its WAL is kept.
+        let health = &lines(&out)[0];
+        assert!(
+            health["lag_bytes"].as_i64().unwrap() >= 0,
+            "{label}: {health}"
+        );
+        assert_eq!(health["wal_status"], "reserved", "{label}: {health}");
+        assert!(
+            health["active"] == false && health["active_pid"].is_null(),
+            "{label}: {health}"
+        );
+        let v17 = c.query("SHOW server_version_num").parse::<u32>().unwrap() >= 170000;
+        assert_eq!(
+            health.get("invalidation_reason").is_some(),
+            v17,
+            "{label}: columns of 17+ where the server has them: {health}"
+        );
+        if v17 {
+            assert_eq!(health["failover"], false, "{label}: {health}");
+        }
+        // (switching segments writes out WAL that an asynchronous commit may keep in buffers)
+        c.psql("INSERT INTO t VALUES (10, 'lag'); SELECT pg_switch_wal();");
+        let (ok, out2, _) = pgwal(&c, &["slot", "list"]);
+        assert!(ok);
+        assert!(
+            lines(&out2)[0]["lag_bytes"].as_i64() > health["lag_bytes"].as_i64(),
+            "{label}: the lag grows with WAL the slot has not confirmed: {health} then {out2}"
+        );
+        let (ok, tbl, err) = pgwal(&c, &["slot", "list", "--format", "table"]);
+        assert!(ok, "{label}: {err}");
+        let rows: Vec<&str> = tbl.lines().collect();
+        assert!(
+            rows[0].starts_with("slot") && rows[0].contains("lag") && rows.len() == 4,
+            "{label}: {tbl}"
+        );
+        assert!(
+            rows[1].starts_with("s1 ") && rows[1].contains("reserved"),
+            "{label}: {tbl}"
+        );
         for s in ["s1", "s2", "s3"] {
             let (ok, _, err) = pgwal(&c, &["slot", "drop", s]);
             assert!(ok, "{label}: {err}");
