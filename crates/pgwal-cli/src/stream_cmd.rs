@@ -67,6 +67,12 @@ pub(crate) struct StreamArgs {
     /// Include pg_logical_emit_message messages.
     #[arg(long)]
     messages: bool,
+    /// Record the position confirmed to the slot in FILE (fsynced, before
+    /// the slot is told), and refuse to start when the slot is beyond it:
+    /// a slot dropped and created again, or moved by another consumer,
+    /// would skip changes never received here.
+    #[arg(long, value_name = "FILE")]
+    state: Option<std::path::PathBuf>,
     /// When a position counts as processed and is acknowledged to the
     /// server (the slot never goes back behind it).
     #[arg(long, value_enum, default_value = "output")]
@@ -194,6 +200,9 @@ pub(crate) async fn run(config: Config, a: StreamArgs) -> Result<()> {
     }
     if let Some(l) = a.stop_lsn {
         cfg = cfg.stop_lsn(l);
+    }
+    if let Some(p) = a.state {
+        cfg = cfg.state_file(p);
     }
     let mut stream = LogicalStream::start(config, cfg).await?;
     let mut out = tokio::io::BufWriter::with_capacity(256 * 1024, tokio::io::stdout());

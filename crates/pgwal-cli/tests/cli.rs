@@ -302,6 +302,137 @@ fn consumer_acknowledges_on_stdin() {
     }
 }
 
+/// `--state`: a slot dropped and created again (ahead of what this consumer
+/// confirmed) or invalidated is refused before anything is streamed.
+#[test]
+fn state_file_refuses_a_slot_moved_behind_its_back() {
+    for (label, bin) in support::servers() {
+        let c = Cluster::start(label, &bin, Options::default());
+        c.psql("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION p FOR TABLE t;");
+        let dir =
+            std::env::temp_dir().join(format!("pgwal-cli-state-{label}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let state = dir.join("s.state");
+        let state_arg = state.to_str().unwrap();
+        let (ok, _, err) = pgwal(&c, &["slot", "create", "s"]);
+        assert!(ok, "{label}: {err}");
+
+        // A normal run records where it confirmed; a second run continues.
+        c.psql("INSERT INTO t VALUES (1)");
+        let stop = c.query("SELECT pg_current_wal_insert_lsn()");
+        let (ok, out, err) = pgwal(
+            &c,
+            &[
+                "stream",
+                "-S",
+                "s",
+                "-P",
+                "p",
+                "--state",
+                state_arg,
+                "--stop-lsn",
+                &stop,
+            ],
+        );
+        assert!(ok && out.contains("\"insert\""), "{label}: {err}");
+        let file: Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+        assert_eq!(file["slot"], "s");
+        assert!(
+            lsn_ge(&c, file["confirmed"].as_str().unwrap(), &confirmed(&c, "s")),
+            "{label}: {file}"
+        );
+        c.psql("INSERT INTO t VALUES (2)");
+        let stop = c.query("SELECT pg_current_wal_insert_lsn()");
+        let (ok, out, err) = pgwal(
+            &c,
+            &[
+                "stream",
+                "-S",
+                "s",
+                "-P",
+                "p",
+                "--state",
+                state_arg,
+                "--stop-lsn",
+                &stop,
+            ],
+        );
+        assert!(
+            ok && out.contains("\"2\"") && !out.contains("\"1\""),
+            "{label}: {err}\n{out}"
+        );
+
+        // Dropped and created again after more writes: row 3 was never received here.
+        c.psql("INSERT INTO t VALUES (3)");
+        let (ok, _, err) = pgwal(&c, &["slot", "drop", "s"]);
+        assert!(ok, "{label}: {err}");
+        let (ok, _, err) = pgwal(&c, &["slot", "create", "s"]);
+        assert!(ok, "{label}: {err}");
+        let recreated = confirmed(&c, "s");
+        let (ok, out, err) = pgwal(
+            &c,
+            &[
+                "stream",
+                "-S",
+                "s",
+                "-P",
+                "p",
+                "--state",
+                state_arg,
+                "--stop-lsn",
+                &stop,
+            ],
+        );
+        assert!(
+            !ok && out.is_empty()
+                && err.contains("beyond")
+                && err.contains("dropped and created again"),
+            "{label}: {err}"
+        );
+        assert_eq!(
+            confirmed(&c, "s"),
+            recreated,
+            "{label}: the refused run moved the slot"
+        );
+
+        // Another server's file is refused too.
+        std::fs::write(
+            &state,
+            r#"{"system_identifier": "1", "slot": "s", "confirmed": "0/0"}"#,
+        )
+        .unwrap();
+        let (ok, _, err) = pgwal(
+            &c,
+            &[
+                "stream",
+                "-S",
+                "s",
+                "-P",
+                "p",
+                "--state",
+                state_arg,
+                "--stop-lsn",
+                &stop,
+            ],
+        );
+        assert!(!ok && err.contains("system identifier"), "{label}: {err}");
+
+        // An invalidated slot is refused, with or without a state file.
+        c.psql("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'; SELECT pg_reload_conf();");
+        std::thread::sleep(Duration::from_millis(300));
+        c.psql("CREATE TABLE filler (x text)");
+        for _ in 0..4 {
+            c.psql("INSERT INTO filler SELECT repeat('x', 100) FROM generate_series(1, 20000); SELECT pg_switch_wal();");
+        }
+        c.psql("CHECKPOINT");
+        let status = c.query("SELECT wal_status FROM pg_replication_slots WHERE slot_name = 's'");
+        assert_eq!(status, "lost", "{label}: the slot was not invalidated");
+        let (ok, _, err) = pgwal(&c, &["stream", "-S", "s", "-P", "p", "--stop-lsn", &stop]);
+        assert!(!ok && err.contains("was invalidated"), "{label}: {err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
 #[test]
 fn help_is_complete() {
     let out = Command::new(env!("CARGO_BIN_EXE_pgwal"))

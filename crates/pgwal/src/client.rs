@@ -9,8 +9,8 @@ use postgres_protocol::message::frontend;
 use tokio::io::{split, AsyncWriteExt, ReadHalf, WriteHalf};
 
 use crate::commands::{
-    quote_literal, validate_slot_name, CreateSlotOptions, IdentifySystem, NextTimeline, SlotInfo,
-    SlotSnapshot, TimelineHistory,
+    quote_literal, validate_slot_name, CreateSlotOptions, IdentifySystem, NextTimeline, SlotHealth,
+    SlotInfo, SlotSnapshot, TimelineHistory,
 };
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -352,6 +352,35 @@ impl ReplicationClient {
             filename: r.get("filename").unwrap_or_default().to_owned(),
             content: r.get("content").unwrap_or_default().to_owned(),
         })
+    }
+
+    /// The slot's confirmed position and whether it is still usable, via
+    /// SQL (`None` if no such slot).
+    pub async fn slot_health(&mut self, name: &str) -> Result<Option<SlotHealth>> {
+        let major = self.server_major_version().unwrap_or(10);
+        // invalidation_reason from 17, conflicting from 16, wal_status from 13
+        let reason = match major {
+            17.. => "invalidation_reason",
+            16 => "CASE WHEN conflicting THEN 'conflict with recovery' END",
+            _ => "NULL::text",
+        };
+        let wal_status = if major >= 13 {
+            "wal_status"
+        } else {
+            "NULL::text"
+        };
+        let rows = self
+            .simple_query(&format!(
+                "SELECT confirmed_flush_lsn, {wal_status}, {reason} \
+                 FROM pg_catalog.pg_replication_slots WHERE slot_name = {}",
+                quote_literal(name)
+            ))
+            .await?;
+        Ok(rows.first().map(|r| SlotHealth {
+            confirmed_flush: r.get_index(0).and_then(|l| l.parse().ok()),
+            wal_status: r.get_index(1).map(str::to_owned),
+            invalidation_reason: r.get_index(2).map(str::to_owned),
+        }))
     }
 
     /// The slot's `confirmed_flush_lsn`, via SQL (`None` if no such slot).

@@ -87,6 +87,28 @@ pub struct SlotInfo {
     pub output_plugin: Option<String>,
 }
 
+/// A slot's position and usability ([`ReplicationClient::slot_health`](crate::ReplicationClient::slot_health)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SlotHealth {
+    /// `confirmed_flush_lsn` (`None` for a physical slot or before the first confirmation).
+    pub confirmed_flush: Option<Lsn>,
+    /// `wal_status` (13+): `reserved`, `extended`, `unreserved` or `lost`.
+    pub wal_status: Option<String>,
+    /// Why the slot was invalidated (17+: `invalidation_reason`; 16: a
+    /// conflict with recovery), `None` while it is usable.
+    pub invalidation_reason: Option<String>,
+}
+
+impl SlotHealth {
+    /// Why the slot can no longer stream, if it cannot.
+    pub fn invalidated(&self) -> Option<String> {
+        self.invalidation_reason.clone().or_else(|| {
+            (self.wal_status.as_deref() == Some("lost")).then(|| "wal_status lost".into())
+        })
+    }
+}
+
 /// Result of `TIMELINE_HISTORY`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

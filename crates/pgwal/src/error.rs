@@ -175,6 +175,47 @@ pub enum Error {
         /// The server's current timeline.
         server: u32,
     },
+    /// The state file ([`StreamConfig::state_file`](crate::StreamConfig::state_file))
+    /// could not be read or written.
+    StateFile {
+        /// The file (or its directory).
+        path: std::path::PathBuf,
+        /// What was being done.
+        op: &'static str,
+        /// The operating system's error (or the parse error).
+        source: io::Error,
+    },
+    /// The state file belongs to another server or slot; nothing was streamed.
+    StateMismatch {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What differs.
+        what: &'static str,
+        /// What the file says.
+        file: String,
+        /// What the stream uses.
+        server: String,
+    },
+    /// The slot was invalidated (its WAL removed, or a conflict on a
+    /// standby): the changes the consumer has not seen are gone.
+    SlotInvalidated {
+        /// The slot.
+        slot: String,
+        /// The server's reason (`invalidation_reason`, or `wal_status`).
+        reason: String,
+    },
+    /// The slot has confirmed a position beyond the one this consumer ever
+    /// confirmed (its state file): it was dropped and created again, or
+    /// another consumer moved it. Streaming from there would skip changes
+    /// this consumer never received; nothing was streamed.
+    SlotAhead {
+        /// The slot.
+        slot: String,
+        /// Its confirmed position.
+        confirmed: Lsn,
+        /// The highest position this consumer confirmed.
+        acknowledged: Lsn,
+    },
     /// A consumer acknowledged a position beyond the last event it was
     /// given ([`AckHandle::try_ack`](crate::AckHandle::try_ack)); nothing
     /// was acknowledged.
@@ -229,6 +270,35 @@ impl fmt::Display for Error {
                     "timeline {requested} is not on the server (its current timeline is {server})"
                 )
             }
+            Error::StateFile { path, op, source } => {
+                write!(f, "state file: cannot {op} {}: {source}", path.display())
+            }
+            Error::StateMismatch {
+                path,
+                what,
+                file,
+                server,
+            } => write!(
+                f,
+                "state file {} is for {what} {file:?}, not {server:?}; nothing was streamed",
+                path.display()
+            ),
+            Error::SlotInvalidated { slot, reason } => write!(
+                f,
+                "replication slot {slot:?} was invalidated ({reason}): the changes not yet \
+                 received are gone; recreate the slot and copy the tables anew"
+            ),
+            Error::SlotAhead {
+                slot,
+                confirmed,
+                acknowledged,
+            } => write!(
+                f,
+                "replication slot {slot:?} has confirmed {confirmed}, {} bytes beyond the {acknowledged} \
+                 this consumer confirmed: it was dropped and created again, or another consumer \
+                 moved it, and streaming would skip changes never received here; nothing was streamed",
+                confirmed.0.saturating_sub(acknowledged.0)
+            ),
             Error::AckBeyondDelivery { acked, delivered } => write!(
                 f,
                 "acknowledged {acked}, beyond the last position delivered ({delivered}); nothing was \
@@ -241,7 +311,10 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Error::Io(e) | Error::Sasl(e) | Error::WalDir { source: e, .. } => Some(e),
+            Error::Io(e)
+            | Error::Sasl(e)
+            | Error::WalDir { source: e, .. }
+            | Error::StateFile { source: e, .. } => Some(e),
             Error::Db(e) => Some(e),
             Error::Tls(e) => Some(e),
             Error::Decode(e) => Some(e),

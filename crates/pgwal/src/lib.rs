@@ -47,6 +47,7 @@ mod physical_stream;
 mod progress;
 mod relations;
 mod retry;
+mod slot_state;
 pub mod snapshot;
 mod socket;
 mod stage_hook;
@@ -59,7 +60,8 @@ mod worker;
 
 pub use client::{ReplicationClient, SimpleRow};
 pub use commands::{
-    CreateSlotOptions, IdentifySystem, NextTimeline, SlotInfo, SlotSnapshot, TimelineHistory,
+    CreateSlotOptions, IdentifySystem, NextTimeline, SlotHealth, SlotInfo, SlotSnapshot,
+    TimelineHistory,
 };
 pub use config::{ChannelBinding, Config, SslMode};
 pub use error::{DbError, Error, Result};

@@ -20,6 +20,8 @@ pub(crate) struct Shared {
     /// Highest ack point of the events handed to the consumer (initially
     /// where streaming began): what [`AckHandle::try_ack`] accepts.
     pub(crate) delivered: AtomicU64,
+    /// The server's system identifier, once a state file needed it.
+    pub(crate) system_id: std::sync::OnceLock<String>,
 }
 
 impl Shared {

@@ -81,6 +81,17 @@ pub struct StreamConfig {
     /// that carry no full old image. 0 (default) disables it; rows not seen
     /// since the stream started stay `UnchangedToast`.
     pub toast_cache_rows: usize,
+    /// A file where the stream records the position it confirms to the
+    /// slot, before it sends it (fsynced; `None`: no file). On start, and
+    /// on every reconnect, a slot whose confirmed position is beyond the
+    /// file's was moved by someone else (dropped and created again, or
+    /// another consumer): the stream ends with
+    /// [`Error::SlotAhead`](crate::Error::SlotAhead) before it streams
+    /// anything. The file also names the server (system identifier) and
+    /// slot, and is refused for others. Without a file, only an
+    /// invalidated slot is refused ([`Error::SlotInvalidated`](crate::Error::SlotInvalidated)),
+    /// which the stream always checks.
+    pub state_file: Option<std::path::PathBuf>,
 }
 
 impl StreamConfig {
@@ -106,7 +117,13 @@ impl StreamConfig {
             retry: RetryConfig::default(),
             read_coalesce: Some(Duration::from_millis(1)),
             toast_cache_rows: 0,
+            state_file: None,
         }
+    }
+    /// Sets `state_file`.
+    pub fn state_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.state_file = Some(path.into());
+        self
     }
     /// Sets `proto_version`.
     pub fn proto_version(mut self, v: u32) -> Self {

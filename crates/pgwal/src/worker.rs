@@ -25,6 +25,7 @@ use crate::event::Event;
 use crate::framing::{db_error, Backend};
 use crate::progress::{Delivery, Shared};
 use crate::relations::RelationCache;
+use crate::slot_state;
 use crate::socket::Socket;
 use crate::stream_config::StreamConfig;
 
@@ -72,10 +73,53 @@ pub(crate) async fn open_session(
 ) -> Result<(ReplicationClient, Lsn)> {
     let mut client = ReplicationClient::connect(config).await?;
     let major = client.server_major_version().unwrap_or(10);
-    let floor = client
-        .slot_confirmed_flush(&stream.slot)
-        .await?
+    let health = client.slot_health(&stream.slot).await?;
+    if let Some(reason) = health.as_ref().and_then(|h| h.invalidated()) {
+        return Err(Error::SlotInvalidated {
+            slot: stream.slot.clone(),
+            reason,
+        });
+    }
+    let floor = health
+        .as_ref()
+        .and_then(|h| h.confirmed_flush)
         .unwrap_or_default();
+    if let Some(path) = &stream.state_file {
+        let system_id = client.identify_system().await?.system_id;
+        let p = path.clone();
+        let state = tokio::task::spawn_blocking(move || slot_state::load(&p))
+            .await
+            .map_err(|_| Error::Closed)??;
+        // What this consumer let the slot reach: the file, or what it
+        // confirmed (or accepted as the slot's start) since it started.
+        let mut allowed = Lsn(shared.confirmed.load(Ordering::SeqCst));
+        match &state {
+            Some(st) => {
+                allowed = allowed.max(slot_state::check(path, st, &system_id, &stream.slot)?);
+            }
+            None => {
+                // a new file: the slot's position now is where this consumer begins
+                allowed = allowed.max(floor);
+                let st = slot_state::SlotState {
+                    system_identifier: system_id.clone(),
+                    slot: stream.slot.clone(),
+                    confirmed: floor,
+                };
+                let p = path.clone();
+                tokio::task::spawn_blocking(move || slot_state::store(&p, &st))
+                    .await
+                    .map_err(|_| Error::Closed)??;
+            }
+        }
+        if floor > allowed {
+            return Err(Error::SlotAhead {
+                slot: stream.slot.clone(),
+                confirmed: floor,
+                acknowledged: allowed,
+            });
+        }
+        shared.system_id.get_or_init(|| system_id);
+    }
     let start = Lsn(shared.acked.load(Ordering::SeqCst))
         .max(floor)
         .max(stream.start_lsn.unwrap_or_default());
@@ -96,6 +140,9 @@ struct Session {
     buf: BytesMut,
     shared: Arc<Shared>,
     delivery: Delivery,
+    /// `StreamConfig::state_file` and the slot it is for.
+    state_file: Option<std::path::PathBuf>,
+    slot: String,
 }
 
 impl Session {
@@ -103,6 +150,20 @@ impl Session {
         let acked = Lsn(self.shared.acked.load(Ordering::SeqCst));
         let confirmed = Lsn(self.shared.confirmed.load(Ordering::SeqCst));
         let flush = self.delivery.flush_position(acked).max(confirmed);
+        if flush > confirmed {
+            if let Some(path) = &self.state_file {
+                // write-ahead: the file is never behind what the slot is told
+                let st = slot_state::SlotState {
+                    system_identifier: self.shared.system_id.get().cloned().unwrap_or_default(),
+                    slot: self.slot.clone(),
+                    confirmed: flush,
+                };
+                let p = path.clone();
+                tokio::task::spawn_blocking(move || slot_state::store(&p, &st))
+                    .await
+                    .map_err(|_| Error::Closed)??;
+            }
+        }
         let msg = StandbyStatusUpdate {
             write: flush,
             flush,
@@ -267,6 +328,8 @@ impl Worker {
             buf: BytesMut::new(),
             shared: self.shared.clone(),
             delivery: Delivery::default(),
+            state_file: self.stream.state_file.clone(),
+            slot: self.stream.slot.clone(),
         };
         let mut decoder = Decoder::new();
         let batch = self.stream.buffer.clamp(1, MAX_BATCH);
