@@ -1,6 +1,7 @@
 //! `pgwal`: stream PostgreSQL logical changes as JSON lines, receive physical WAL, manage slots.
 
 mod json;
+mod metrics;
 mod receive_cmd;
 mod slot_cmd;
 mod stream_cmd;

@@ -73,6 +73,12 @@ pub(crate) struct StreamArgs {
     /// would skip changes never received here.
     #[arg(long, value_name = "FILE")]
     state: Option<std::path::PathBuf>,
+    /// Serve Prometheus metrics (OpenMetrics text) at http://ADDR/metrics:
+    /// events by kind, output bytes, reconnects, time waiting for the
+    /// consumer, acked/confirmed/server positions, lag in bytes and seconds.
+    /// Port 0 picks one; the address is printed on stderr.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
     /// When a position counts as processed and is acknowledged to the
     /// server (the slot never goes back behind it).
     #[arg(long, value_enum, default_value = "output")]
@@ -204,6 +210,13 @@ pub(crate) async fn run(config: Config, a: StreamArgs) -> Result<()> {
     if let Some(p) = a.state {
         cfg = cfg.state_file(p);
     }
+    let metrics = crate::metrics::StreamMetrics::default();
+    if let Some(addr) = a.metrics {
+        let bound = crate::metrics::serve(addr, metrics.clone())
+            .await
+            .map_err(Error::Io)?;
+        eprintln!("pgwal: metrics at http://{bound}/metrics");
+    }
     let mut stream = LogicalStream::start(config, cfg).await?;
     let mut out = tokio::io::BufWriter::with_capacity(256 * 1024, tokio::io::stdout());
     let progress = std::io::stderr().is_terminal();
@@ -238,7 +251,11 @@ pub(crate) async fn run(config: Config, a: StreamArgs) -> Result<()> {
                 done.map_err(|_| Error::Closed)??;
                 break;
             }
-            _ = report.tick(), if progress => {
+            _ = report.tick(), if progress || a.metrics.is_some() => {
+                metrics.positions(stream.acked().0, stream.confirmed().0, stream.server_wal_end().0);
+                if !progress {
+                    continue;
+                }
                 let rate = (events - last_events) as f64 / last_report.elapsed().as_secs_f64();
                 let lag = stream.server_wal_end() - stream.acked().max(stream.confirmed());
                 eprint!("\r{events} events, {rate:.0}/s, acked {}, lag {} kB\x1b[K", stream.acked(), lag / 1024);
@@ -250,11 +267,20 @@ pub(crate) async fn run(config: Config, a: StreamArgs) -> Result<()> {
         let Some(event) = event else { break };
         let event = event?;
         events += 1;
+        let t0 = Instant::now();
         if let Some(v) = crate::json::event(&event) {
             line.clear();
             serde_json::to_writer(&mut line, &v).map_err(|e| Error::Io(e.into()))?;
             line.push(b'\n');
             out.write_all(&line).await?;
+            metrics.event(v["type"].as_str().unwrap_or("other"), line.len());
+        }
+        if let pgwal::Event::Commit(c) = &event {
+            if let Ok(age) =
+                std::time::SystemTime::now().duration_since(c.commit_time.to_system_time())
+            {
+                metrics.commit_lag(age.as_secs_f64());
+            }
         }
         if let Some(lsn) = event.ack_lsn() {
             // Acknowledge only what has reached stdout (or, with --acks
@@ -264,6 +290,7 @@ pub(crate) async fn run(config: Config, a: StreamArgs) -> Result<()> {
                 stream.ack(lsn);
             }
         }
+        metrics.consumer_wait(t0.elapsed());
     }
     out.flush().await?;
     if progress {

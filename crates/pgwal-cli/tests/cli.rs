@@ -433,6 +433,126 @@ fn state_file_refuses_a_slot_moved_behind_its_back() {
     }
 }
 
+fn scrape(addr: &str) -> String {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// `--metrics`: a Prometheus scrape during a stream shows what it did.
+#[test]
+fn metrics_are_served_during_a_stream() {
+    for (label, bin) in support::servers() {
+        let c = Cluster::start(label, &bin, Options::default());
+        c.psql("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION p FOR TABLE t;");
+        let (ok, _, err) = pgwal(&c, &["slot", "create", "s"]);
+        assert!(ok, "{label}: {err}");
+        let mut p = Command::new(env!("CARGO_BIN_EXE_pgwal"))
+            .arg("-d")
+            .arg(format!("{} sslmode=disable", c.conninfo("postgres")))
+            .args([
+                "stream",
+                "-S",
+                "s",
+                "-P",
+                "p",
+                "--metrics",
+                "127.0.0.1:0",
+                "--status-interval",
+                "0.2",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = BufReader::new(p.stderr.take().unwrap());
+        let mut first = String::new();
+        err.read_line(&mut first).unwrap();
+        let addr = first
+            .trim()
+            .strip_prefix("pgwal: metrics at http://")
+            .and_then(|a| a.strip_suffix("/metrics"))
+            .unwrap_or_else(|| panic!("{label}: {first}"))
+            .to_owned();
+        c.psql("INSERT INTO t SELECT generate_series(1, 5); INSERT INTO t VALUES (6);");
+        let mut out = BufReader::new(p.stdout.take().unwrap());
+        let mut commits = 0;
+        while commits < 2 {
+            let mut l = String::new();
+            assert!(out.read_line(&mut l).unwrap() > 0, "{label}: stream ended");
+            commits += usize::from(l.contains("\"commit\""));
+        }
+        let t0 = Instant::now();
+        let text = loop {
+            let text = scrape(&addr);
+            if metric(&text, "pgwal_acked_lsn").unwrap_or(0.0) > 0.0 {
+                break text;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "{label}: {text}");
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert!(
+            text.starts_with("HTTP/1.1 200") && text.contains("application/openmetrics-text"),
+            "{text}"
+        );
+        assert_eq!(
+            metric(&text, "pgwal_events_total{kind=\"insert\"}"),
+            Some(6.0),
+            "{label}: {text}"
+        );
+        assert_eq!(
+            metric(&text, "pgwal_events_total{kind=\"commit\"}"),
+            Some(2.0),
+            "{label}: {text}"
+        );
+        assert!(
+            metric(&text, "pgwal_output_bytes_total").unwrap() > 100.0,
+            "{label}: {text}"
+        );
+        assert_eq!(
+            metric(&text, "pgwal_reconnects_total"),
+            Some(0.0),
+            "{label}: {text}"
+        );
+        let server_end = metric(&text, "pgwal_server_wal_end_lsn").unwrap();
+        assert!(
+            server_end >= metric(&text, "pgwal_acked_lsn").unwrap(),
+            "{label}: {text}"
+        );
+        assert!(
+            metric(&text, "pgwal_lag_bytes").is_some()
+                && metric(&text, "pgwal_lag_seconds").is_some()
+        );
+        // A terminated walsender is a reconnect.
+        c.psql("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 's'");
+        let t0 = Instant::now();
+        while metric(&scrape(&addr), "pgwal_reconnects_total") != Some(1.0) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "{label}: no reconnect counted"
+            );
+            c.psql("INSERT INTO t VALUES ((SELECT max(id) + 1 FROM t))");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let _ = p.kill();
+        let _ = p.wait();
+    }
+}
+
 #[test]
 fn help_is_complete() {
     let out = Command::new(env!("CARGO_BIN_EXE_pgwal"))
