@@ -1,5 +1,6 @@
 //! `pgwal`: stream PostgreSQL logical changes as JSON lines, receive physical WAL, manage slots.
 
+mod config_file;
 mod json;
 mod metrics;
 mod receive_cmd;
@@ -8,7 +9,7 @@ mod stream_cmd;
 
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Stream PostgreSQL logical replication changes (pgoutput) as JSON lines,
 /// or physical WAL into segment files.
@@ -26,6 +27,12 @@ struct Cli {
         default_value = ""
     )]
     conninfo: String,
+
+    /// Read options from a TOML file: keys are the long option names
+    /// (`slot = "app"`, `publication = ["a", "b"]`, `two_phase = true`,
+    /// `dbname = "..."`); options on the command line override it.
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
 
     #[command(subcommand)]
     command: Command,
@@ -86,7 +93,26 @@ struct SlotDropArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // --config is expanded into options before clap sees them, so a file
+    // gets the command line's validation and messages
+    let args = match config_file::expand(std::env::args_os().collect()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("pgwal: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // an option given twice (file, then command line) takes the last value
+    fn override_self(c: clap::Command) -> clap::Command {
+        c.args_override_self(true).mut_subcommands(override_self)
+    }
+    let cli = match override_self(Cli::command())
+        .try_get_matches_from(args)
+        .and_then(|m| Cli::from_arg_matches(&m))
+    {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     // `stream --threads N` (N > 1) runs on a multi-thread runtime; everything
     // else on one thread (`receive`'s inline file I/O was measured there).
     let mut builder = match &cli.command {

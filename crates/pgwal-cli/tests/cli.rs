@@ -553,6 +553,45 @@ fn metrics_are_served_during_a_stream() {
     }
 }
 
+/// `--config FILE`: the stream's options from TOML, with the command line's
+/// validation, and the command line overriding the file.
+#[test]
+fn stream_options_from_a_config_file() {
+    let (label, bin) = support::servers().into_iter().last().unwrap();
+    let c = Cluster::start(label, &bin, Options::default());
+    c.psql("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION p FOR TABLE t;");
+    let (ok, _, err) = pgwal(&c, &["slot", "create", "s"]);
+    assert!(ok, "{label}: {err}");
+    c.psql("INSERT INTO t VALUES (1)");
+    let stop = c.query("SELECT pg_current_wal_insert_lsn()");
+    let dir = std::env::temp_dir().join(format!("pgwal-cli-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("stream.toml");
+    let file = f.to_str().unwrap();
+    std::fs::write(
+        &f,
+        format!("slot = \"nonexistent\"\npublication = [\"p\"]\nstop_lsn = \"{stop}\"\nstatus_interval = 0.5\n"),
+    )
+    .unwrap();
+    // --slot on the command line wins over the file's
+    let (ok, out, err) = pgwal(&c, &["stream", "--config", file, "--slot", "s"]);
+    assert!(ok && out.contains("\"insert\""), "{label}: {err}");
+    std::fs::write(
+        &f,
+        "slot = \"s\"\npublication = \"p\"\nstatus_interval = \"soon\"\n",
+    )
+    .unwrap();
+    let (ok, _, err) = pgwal(&c, &["stream", "--config", file]);
+    assert!(
+        !ok && err.contains("--status-interval") && err.contains("soon"),
+        "{err}"
+    );
+    std::fs::write(&f, "slot = \"s\"\npublication = \"p\"\nbogus = 1\n").unwrap();
+    let (ok, _, err) = pgwal(&c, &["stream", "--config", file]);
+    assert!(!ok && err.contains("--bogus"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn help_is_complete() {
     let out = Command::new(env!("CARGO_BIN_EXE_pgwal"))
