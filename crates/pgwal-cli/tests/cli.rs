@@ -592,6 +592,64 @@ fn stream_options_from_a_config_file() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Multi-host connection strings: `target_session_attrs` picks the host,
+/// like libpq (a server made read-only by `default_transaction_read_only`
+/// stands in for a standby here; both report it at startup from 14 on).
+#[test]
+fn target_session_attrs_pick_the_host() {
+    for (label, bin) in support::servers() {
+        let ro = Cluster::start(label, &bin, Options::default());
+        let rw = Cluster::start(label, &bin, Options::default());
+        ro.psql("SELECT pg_create_logical_replication_slot('on_ro', 'pgoutput')");
+        rw.psql("SELECT pg_create_logical_replication_slot('on_rw', 'pgoutput')");
+        ro.psql("ALTER SYSTEM SET default_transaction_read_only = on; SELECT pg_reload_conf();");
+        std::thread::sleep(Duration::from_millis(300));
+        let list = |hosts: &str, ports: &str, attrs: &str| {
+            let out = Command::new(env!("CARGO_BIN_EXE_pgwal"))
+                .arg("-d")
+                .arg(format!(
+                    "host={hosts} port={ports} user=postgres dbname=postgres sslmode=disable \
+                     target_session_attrs={attrs}"
+                ))
+                .args(["slot", "list"])
+                .output()
+                .unwrap();
+            (
+                out.status.success(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        };
+        let both = format!("{},{}", ro.port, rw.port);
+        let (ok, out, err) = list("127.0.0.1,127.0.0.1", &both, "read-write");
+        assert!(
+            ok && out.contains("on_rw") && !out.contains("on_ro"),
+            "{label}: {err}"
+        );
+        let (ok, out, err) = list("127.0.0.1,127.0.0.1", &both, "read-only");
+        assert!(ok && out.contains("on_ro"), "{label}: {err}");
+        let (ok, out, err) = list("127.0.0.1,127.0.0.1", &both, "any");
+        assert!(
+            ok && out.contains("on_ro"),
+            "{label}: the first host: {err}"
+        );
+        // a host that is down is passed over
+        let down = support::free_port();
+        let (ok, out, err) = list("127.0.0.1,127.0.0.1", &format!("{down},{}", rw.port), "any");
+        assert!(ok && out.contains("on_rw"), "{label}: {err}");
+        // nothing suitable: every host and why
+        let (ok, _, err) = list(
+            "127.0.0.1,127.0.0.1",
+            &format!("{},{down}", ro.port),
+            "read-write",
+        );
+        assert!(
+            !ok && err.contains("no server is read-write") && err.contains("is not read-write"),
+            "{label}: {err}"
+        );
+    }
+}
+
 #[test]
 fn help_is_complete() {
     let out = Command::new(env!("CARGO_BIN_EXE_pgwal"))

@@ -12,7 +12,7 @@ use crate::commands::{
     quote_literal, validate_slot_name, CreateSlotOptions, IdentifySystem, NextTimeline, SlotHealth,
     SlotInfo, SlotSnapshot, TimelineHistory,
 };
-use crate::config::Config;
+use crate::config::{Config, TargetSessionAttrs};
 use crate::error::{Error, Result};
 use crate::framing::{Backend, FrameReader};
 use crate::socket::{self, Socket};
@@ -95,7 +95,80 @@ impl ReplicationClient {
         Self::connect_mode(config, None).await
     }
 
+    /// Tries the configuration's hosts in order until one accepts the
+    /// connection and matches `target_session_attrs` (with
+    /// `prefer-standby`: a standby in a first round, anything in a second).
     async fn connect_mode(config: &Config, replication: Option<&str>) -> Result<ReplicationClient> {
+        let hosts = config.hosts();
+        if hosts.len() == 1 && config.target_session_attrs == TargetSessionAttrs::Any {
+            return Self::connect_one(config, replication).await;
+        }
+        let rounds: &[TargetSessionAttrs] = match config.target_session_attrs {
+            TargetSessionAttrs::PreferStandby => {
+                &[TargetSessionAttrs::Standby, TargetSessionAttrs::Any]
+            }
+            t => &[t],
+        };
+        let mut tried = Vec::new();
+        let mut last = None;
+        for &want in rounds {
+            for (host, port) in &hosts {
+                let one = config.with_host(host, *port);
+                match Self::connect_one(&one, replication).await {
+                    Ok(mut c) => match c.session_matches(want).await {
+                        Ok(true) => return Ok(c),
+                        Ok(false) => tried.push(format!("{host}:{port} is not {}", want.as_str())),
+                        Err(e) => {
+                            tried.push(format!("{host}:{port}: {e}"));
+                            last = Some(e);
+                        }
+                    },
+                    Err(e) => {
+                        tried.push(format!("{host}:{port}: {e}"));
+                        last = Some(e);
+                    }
+                }
+            }
+        }
+        if hosts.len() == 1 {
+            if let Some(e) = last {
+                return Err(e);
+            }
+        }
+        Err(Error::NoSuitableServer {
+            wanted: config.target_session_attrs.as_str(),
+            tried,
+        })
+    }
+
+    /// Whether the server this client is connected to is what `want` asks
+    /// for: from the `in_hot_standby` and `default_transaction_read_only`
+    /// parameters the server reports (14+), else by asking.
+    async fn session_matches(&mut self, want: TargetSessionAttrs) -> Result<bool> {
+        if want == TargetSessionAttrs::Any {
+            return Ok(true);
+        }
+        let in_recovery = match self.parameter("in_hot_standby") {
+            Some(v) => v == "on",
+            // before 14: a replication connection cannot run SQL functions in
+            // physical mode, but SHOW works in every mode
+            None => self.show("transaction_read_only").await? == "on",
+        };
+        let read_only = in_recovery
+            || match self.parameter("default_transaction_read_only") {
+                Some(v) => v == "on",
+                None => self.show("transaction_read_only").await? == "on",
+            };
+        Ok(match want {
+            TargetSessionAttrs::ReadWrite => !read_only,
+            TargetSessionAttrs::ReadOnly => read_only,
+            TargetSessionAttrs::Primary => !in_recovery,
+            TargetSessionAttrs::Standby | TargetSessionAttrs::PreferStandby => in_recovery,
+            _ => true,
+        })
+    }
+
+    async fn connect_one(config: &Config, replication: Option<&str>) -> Result<ReplicationClient> {
         let t = socket::connect(config).await?;
         let (r, mut w) = split(t.io);
         let mut reader = FrameReader::new(r).with_low_water(t.low_water);

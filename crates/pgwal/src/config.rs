@@ -42,6 +42,61 @@ impl FromStr for SslMode {
     }
 }
 
+/// Which server of a multi-host connection string to settle on, with
+/// libpq's `target_session_attrs` meanings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum TargetSessionAttrs {
+    /// The first server that accepts the connection.
+    #[default]
+    Any,
+    /// One that accepts writes (not in recovery, `default_transaction_read_only` off).
+    ReadWrite,
+    /// One that does not accept writes.
+    ReadOnly,
+    /// One that is not in recovery.
+    Primary,
+    /// One in recovery (a hot standby).
+    Standby,
+    /// A standby if any of the hosts is one, else any.
+    PreferStandby,
+}
+
+impl FromStr for TargetSessionAttrs {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "any" => TargetSessionAttrs::Any,
+            "read-write" => TargetSessionAttrs::ReadWrite,
+            "read-only" => TargetSessionAttrs::ReadOnly,
+            "primary" => TargetSessionAttrs::Primary,
+            "standby" => TargetSessionAttrs::Standby,
+            "prefer-standby" => TargetSessionAttrs::PreferStandby,
+            _ => {
+                return Err(Error::Config {
+                    key: format!("target_session_attrs={s}"),
+                    reason:
+                        "expected any, read-write, read-only, primary, standby or prefer-standby",
+                })
+            }
+        })
+    }
+}
+
+impl TargetSessionAttrs {
+    /// The libpq spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TargetSessionAttrs::Any => "any",
+            TargetSessionAttrs::ReadWrite => "read-write",
+            TargetSessionAttrs::ReadOnly => "read-only",
+            TargetSessionAttrs::Primary => "primary",
+            TargetSessionAttrs::Standby => "standby",
+            TargetSessionAttrs::PreferStandby => "prefer-standby",
+        }
+    }
+}
+
 /// Whether SCRAM channel binding (`SCRAM-SHA-256-PLUS`) is used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -114,6 +169,13 @@ pub struct Config {
     pub connect_timeout: Option<Duration>,
     /// Password file.
     pub passfile: Option<PathBuf>,
+    /// The hosts after the first of a multi-host string (`host=a,b,c
+    /// port=5432,5433,5434`, or `postgresql://a:5432,b:5433/db`), tried in
+    /// order after `host`/`port` on every connection attempt (reconnects
+    /// too), like libpq.
+    pub alternate_hosts: Vec<(String, u16)>,
+    /// Which of the hosts to settle on.
+    pub target_session_attrs: TargetSessionAttrs,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -134,6 +196,7 @@ struct Raw {
     application_name: Option<String>,
     connect_timeout: Option<String>,
     passfile: Option<String>,
+    target_session_attrs: Option<String>,
 }
 
 impl Raw {
@@ -151,6 +214,7 @@ impl Raw {
             "application_name" => &mut self.application_name,
             "connect_timeout" => &mut self.connect_timeout,
             "passfile" => &mut self.passfile,
+            "target_session_attrs" => &mut self.target_session_attrs,
             // Accepted and ignored: set by this library itself.
             "replication" | "client_encoding" | "options" | "fallback_application_name" => {
                 return Ok(())
@@ -223,23 +287,29 @@ fn parse_uri(s: &str, raw: &mut Raw) -> Result<()> {
             raw.password = Some(percent_decode(pw, "password")?);
         }
     }
-    let (host, port) = if let Some(h) = hostport.strip_prefix('[') {
-        let (h, rest) = h.split_once(']').ok_or(Error::Config {
-            key: hostport.to_owned(),
-            reason: "unterminated IPv6 address",
-        })?;
-        (h, rest.strip_prefix(':'))
-    } else {
-        match hostport.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (hostport, None),
-        }
-    };
-    if !host.is_empty() {
-        raw.host = Some(percent_decode(host, "host")?);
+    // host[:port][,host[:port]...]: kept as libpq's comma lists
+    let (mut hosts, mut ports) = (Vec::new(), Vec::new());
+    for hp in hostport.split(',') {
+        let (host, port) = if let Some(h) = hp.strip_prefix('[') {
+            let (h, rest) = h.split_once(']').ok_or(Error::Config {
+                key: hp.to_owned(),
+                reason: "unterminated IPv6 address",
+            })?;
+            (h, rest.strip_prefix(':'))
+        } else {
+            match hp.rsplit_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (hp, None),
+            }
+        };
+        hosts.push(percent_decode(host, "host")?);
+        ports.push(port.unwrap_or("").to_owned());
     }
-    if let Some(p) = port.filter(|p| !p.is_empty()) {
-        raw.port = Some(p.to_owned());
+    if hosts.iter().any(|h| !h.is_empty()) {
+        raw.host = Some(hosts.join(","));
+    }
+    if ports.iter().any(|p| !p.is_empty()) {
+        raw.port = Some(ports.join(","));
     }
     if !path.is_empty() {
         raw.dbname = Some(percent_decode(path, "dbname")?);
@@ -340,24 +410,46 @@ impl Config {
     }
 
     fn from_raw(r: Raw) -> Result<Config> {
-        let port = r
+        let port_list = r
             .port
             .or_else(|| env("PGPORT"))
             .unwrap_or_else(|| "5432".into());
-        let port = port.parse().map_err(|_| Error::Config {
-            key: format!("port={port}"),
-            reason: "not a port number",
-        })?;
-        let host = r.host.or_else(|| env("PGHOST")).unwrap_or_default();
-        if host.contains(',') {
+        let host_list = r.host.or_else(|| env("PGHOST")).unwrap_or_default();
+        let hosts: Vec<&str> = host_list.split(',').collect();
+        let ports: Vec<u16> = port_list
+            .split(',')
+            .map(|p| if p.is_empty() { "5432" } else { p })
+            .map(|p| {
+                p.parse().map_err(|_| Error::Config {
+                    key: format!("port={port_list}"),
+                    reason: "not a port number",
+                })
+            })
+            .collect::<Result<_>>()?;
+        if ports.len() != 1 && ports.len() != hosts.len() {
             return Err(Error::Config {
-                key: format!("host={host}"),
-                reason: "only a single host is supported",
+                key: format!("port={port_list}"),
+                reason: "give one port, or one per host",
             });
         }
-        if host.starts_with('@') {
+        let port_of = |i: usize| if ports.len() == 1 { ports[0] } else { ports[i] };
+        let (host, port) = (hosts[0].to_owned(), port_of(0));
+        let alternate_hosts: Vec<(String, u16)> = hosts
+            .iter()
+            .enumerate()
+            .skip(1)
+            .map(|(i, h)| (h.to_string(), port_of(i)))
+            .collect();
+        let target_session_attrs = match r
+            .target_session_attrs
+            .or_else(|| env("PGTARGETSESSIONATTRS"))
+        {
+            Some(t) => t.parse()?,
+            None => TargetSessionAttrs::Any,
+        };
+        if hosts.iter().any(|h| h.starts_with('@')) {
             return Err(Error::Config {
-                key: format!("host={host}"),
+                key: format!("host={host_list}"),
                 reason: "abstract Unix-domain sockets are not supported",
             });
         }
@@ -429,7 +521,26 @@ impl Config {
             application_name: r.application_name.or_else(|| env("PGAPPNAME")),
             connect_timeout,
             passfile: r.passfile.or_else(|| env("PGPASSFILE")).map(PathBuf::from),
+            alternate_hosts,
+            target_session_attrs,
         })
+    }
+
+    /// Every host to try, in order: `host`/`port`, then `alternate_hosts`.
+    pub fn hosts(&self) -> Vec<(String, u16)> {
+        std::iter::once((self.host.clone(), self.port))
+            .chain(self.alternate_hosts.iter().cloned())
+            .collect()
+    }
+
+    /// This configuration with one host of [`hosts`](Self::hosts) only.
+    pub fn with_host(&self, host: &str, port: u16) -> Config {
+        Config {
+            host: host.to_owned(),
+            port,
+            alternate_hosts: Vec::new(),
+            ..self.clone()
+        }
     }
 
     /// The Unix-domain socket this configuration connects to: in `host`'s
@@ -560,7 +671,35 @@ mod tests {
             assert_eq!(c.unix_socket(), Some(sock.clone()));
             std::fs::remove_file(&sock).unwrap();
         }
-        assert!(Config::parse("host=a,b").is_err());
+        assert!(Config::parse("host=a,b port=1,2,3").is_err());
+    }
+
+    #[test]
+    fn multi_host_strings() {
+        let c = Config::parse("host=a,b,/tmp port=5432,5433,5434 target_session_attrs=read-write")
+            .unwrap();
+        assert_eq!(
+            c.hosts(),
+            [
+                ("a".into(), 5432),
+                ("b".into(), 5433),
+                ("/tmp".into(), 5434)
+            ]
+        );
+        assert_eq!(c.target_session_attrs, TargetSessionAttrs::ReadWrite);
+        let c = Config::parse("host=a,b port=6000").unwrap();
+        assert_eq!(c.hosts(), [("a".into(), 6000), ("b".into(), 6000)]);
+        assert_eq!(c.target_session_attrs, TargetSessionAttrs::Any);
+        let c: Config = "postgresql://u@a:5433,[::1]:5434,c/db?target_session_attrs=primary"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            c.hosts(),
+            [("a".into(), 5433), ("::1".into(), 5434), ("c".into(), 5432)]
+        );
+        assert_eq!(c.target_session_attrs, TargetSessionAttrs::Primary);
+        assert_eq!(c.with_host("c", 5432).hosts(), [("c".into(), 5432)]);
+        assert!(Config::parse("host=a target_session_attrs=writable").is_err());
     }
 
     #[test]

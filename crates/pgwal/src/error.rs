@@ -216,6 +216,14 @@ pub enum Error {
         /// The highest position this consumer confirmed.
         acknowledged: Lsn,
     },
+    /// No host of the connection string accepted a connection and matched
+    /// `target_session_attrs` (during a failover: none promoted yet).
+    NoSuitableServer {
+        /// The `target_session_attrs` asked for.
+        wanted: &'static str,
+        /// Each host and why it was passed over.
+        tried: Vec<String>,
+    },
     /// A consumer acknowledged a position beyond the last event it was
     /// given ([`AckHandle::try_ack`](crate::AckHandle::try_ack)); nothing
     /// was acknowledged.
@@ -299,6 +307,11 @@ impl fmt::Display for Error {
                  moved it, and streaming would skip changes never received here; nothing was streamed",
                 confirmed.0.saturating_sub(acknowledged.0)
             ),
+            Error::NoSuitableServer { wanted, tried } => write!(
+                f,
+                "no server is {wanted} ({})",
+                tried.join("; ")
+            ),
             Error::AckBeyondDelivery { acked, delivered } => write!(
                 f,
                 "acknowledged {acked}, beyond the last position delivered ({delivered}); nothing was \
@@ -345,7 +358,8 @@ impl Error {
     /// transient server error such as "replication slot is active for PID".
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::Io(_) | Error::Closed => true,
+            // a failover in progress: a standby is about to be promoted
+            Error::Io(_) | Error::Closed | Error::NoSuitableServer { .. } => true,
             Error::Db(e) => e.is_transient(),
             _ => false,
         }

@@ -63,7 +63,7 @@ pub use commands::{
     CreateSlotOptions, IdentifySystem, NextTimeline, SlotHealth, SlotInfo, SlotSnapshot,
     TimelineHistory,
 };
-pub use config::{ChannelBinding, Config, SslMode};
+pub use config::{ChannelBinding, Config, SslMode, TargetSessionAttrs};
 pub use error::{DbError, Error, Result};
 pub use event::{Change, Event, Row, TruncateEvent};
 pub use logical_stream::LogicalStream;
