@@ -110,6 +110,14 @@ class Store:
             f.write(json.dumps(record, default=str) + "\n")
 
     def load(self) -> list[dict]:
+        """The records; a `.gz` file (results kept in the repository
+        compressed) is read the same way."""
         if not self.path.exists():
             return []
-        return [json.loads(l) for l in self.path.read_text().splitlines() if l.strip()]
+        if self.path.suffix == ".gz":
+            import gzip
+
+            text = gzip.decompress(self.path.read_bytes()).decode()
+        else:
+            text = self.path.read_text()
+        return [json.loads(l) for l in text.splitlines() if l.strip()]

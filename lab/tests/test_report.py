@@ -141,3 +141,19 @@ def test_report_heading_names_the_scenarios_unless_titled(tmp_path):
     text = report.render(recs, tmp_path / "b", title="my title").read_text()
     assert text.splitlines()[0] == "# my title"
     assert report.render([], tmp_path / "c").read_text().splitlines()[0] == "# pgwal lab report"
+
+
+def test_store_reads_compressed_results(tmp_path):
+    """Results kept in the repository are gzipped runs.jsonl files."""
+    import gzip
+
+    from pgwal_lab.store import Store
+
+    recs = [{"scenario": "audit", "cycle": 1}, {"scenario": "audit", "cycle": 2}]
+    plain = tmp_path / "runs.jsonl"
+    for r in recs:
+        Store(plain).append(r)
+    packed = tmp_path / "runs.jsonl.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert Store(packed).load() == Store(plain).load()
+    assert [r["cycle"] for r in Store(packed).load()] == [1, 2]
