@@ -5,6 +5,7 @@ mod json;
 mod metrics;
 mod receive_cmd;
 mod slot_cmd;
+mod slot_watch;
 mod stream_cmd;
 
 use std::process::ExitCode;

@@ -36,6 +36,7 @@ pub(crate) struct StreamMetrics {
     server_end: Gauge,
     lag_bytes: Gauge,
     lag_seconds: Gauge<f64, AtomicU64>,
+    slot_safe_wal: Gauge,
 }
 
 impl StreamMetrics {
@@ -85,6 +86,15 @@ impl StreamMetrics {
             "When the last commit was written: how long after its commit on the server",
             self.lag_seconds.clone(),
         );
+        r.register(
+            "pgwal_slot_safe_wal_bytes",
+            "WAL that may still be written before max_slot_wal_keep_size invalidates the slot (-1: no limit)",
+            self.slot_safe_wal.clone(),
+        );
+    }
+
+    pub(crate) fn slot_room(&self, r: crate::slot_watch::SlotRoom) {
+        self.slot_safe_wal.set(r.safe_wal_bytes.unwrap_or(-1));
     }
 
     pub(crate) fn event(&self, kind: &str, bytes: usize) {

@@ -79,6 +79,15 @@ pub(crate) struct StreamArgs {
     /// Port 0 picks one; the address is printed on stderr.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
+    /// Seconds between checks of the slot's room under
+    /// max_slot_wal_keep_size (on a connection of their own); below a
+    /// quarter left, a warning on stderr. 0: no checks.
+    #[arg(long, default_value_t = 30.0)]
+    slot_check_interval: f64,
+    /// With --create-slot: a failover slot (PostgreSQL 17+), which
+    /// sync_replication_slots copies to standbys.
+    #[arg(long, requires = "create_slot")]
+    failover: bool,
     /// When a position counts as processed and is acknowledged to the
     /// server (the slot never goes back behind it).
     #[arg(long, value_enum, default_value = "output")]
@@ -156,7 +165,12 @@ pub(crate) async fn run(config: Config, a: StreamArgs) -> Result<()> {
     if a.create_slot {
         let mut c = ReplicationClient::connect(&config).await?;
         match c
-            .create_logical_slot(&a.slot, &CreateSlotOptions::new().two_phase(a.two_phase))
+            .create_logical_slot(
+                &a.slot,
+                &CreateSlotOptions::new()
+                    .two_phase(a.two_phase)
+                    .failover(a.failover),
+            )
             .await
         {
             Ok(_) => {}
@@ -217,7 +231,17 @@ pub(crate) async fn run(config: Config, a: StreamArgs) -> Result<()> {
             .map_err(Error::Io)?;
         eprintln!("pgwal: metrics at http://{bound}/metrics");
     }
+    let watched = (a.slot_check_interval > 0.0).then(|| (config.clone(), cfg.slot.clone()));
     let mut stream = LogicalStream::start(config, cfg).await?;
+    if let Some((config, slot)) = watched {
+        let m = metrics.clone();
+        crate::slot_watch::spawn(
+            config,
+            slot,
+            Duration::from_secs_f64(a.slot_check_interval),
+            move |r| m.slot_room(r),
+        );
+    }
     let mut out = tokio::io::BufWriter::with_capacity(256 * 1024, tokio::io::stdout());
     let progress = std::io::stderr().is_terminal();
     let (mut events, mut last_events, mut last_report) = (0u64, 0u64, Instant::now());
