@@ -28,6 +28,13 @@ pub mod oid {
     pub const NUMERIC: u32 = 1700;
     pub const UUID: u32 = 2950;
     pub const JSONB: u32 = 3802;
+    pub const CIDR: u32 = 650;
+    pub const MACADDR8: u32 = 774;
+    pub const MACADDR: u32 = 829;
+    pub const INET: u32 = 869;
+    pub const TIME: u32 = 1083;
+    pub const INTERVAL: u32 = 1186;
+    pub const TIMETZ: u32 = 1266;
 
     /// The element type of a built-in array type.
     pub fn array_element(array: u32) -> Option<u32> {
@@ -362,10 +369,149 @@ fn decode_binary(t: u32, b: &[u8]) -> Result<Value> {
             Value::Timestamp(PgTimestamp(i64::from_be_bytes(be(b, "timestamp")?)))
         }
         oid::DATE => Value::Date(i32::from_be_bytes(be(b, "date")?)),
-        _ => Value::Text(
-            String::from_utf8(b.to_vec())
-                .map_err(|_| bad("binary value", "type without decoder"))?,
+        // their binary form is their text
+        oid::TEXT | oid::VARCHAR | oid::BPCHAR | oid::NAME | oid::CHAR => {
+            Value::Text(String::from_utf8(b.to_vec()).map_err(|_| bad("text", "not UTF-8"))?)
+        }
+        // decoded to the text the server prints (DateStyle ISO, IntervalStyle postgres)
+        oid::TIME => Value::Text(time_text(i64::from_be_bytes(be(b, "time")?))),
+        oid::TIMETZ => {
+            let micros = i64::from_be_bytes(be(b, "timetz")?);
+            let zone = i32::from_be_bytes(be(b.get(8..).unwrap_or(&[]), "timetz")?);
+            Value::Text(format!("{}{}", time_text(micros), zone_text(-zone)))
+        }
+        oid::INTERVAL => {
+            let micros = i64::from_be_bytes(be(b, "interval")?);
+            let days = i32::from_be_bytes(be(b.get(8..).unwrap_or(&[]), "interval")?);
+            let months = i32::from_be_bytes(be(b.get(12..).unwrap_or(&[]), "interval")?);
+            Value::Text(interval_text(months, days, micros))
+        }
+        oid::INET | oid::CIDR => Value::Text(inet_text(b)?),
+        oid::MACADDR | oid::MACADDR8 => {
+            let n = if t == oid::MACADDR { 6 } else { 8 };
+            let bytes = b
+                .get(..n)
+                .filter(|_| b.len() == n)
+                .ok_or_else(|| bad("macaddr", "wrong length"))?;
+            Value::Text(
+                bytes
+                    .iter()
+                    .map(|x| format!("{x:02x}"))
+                    .collect::<Vec<_>>()
+                    .join(":"),
+            )
+        }
+        // never read other bytes as text: a type without a decoder (money,
+        // ranges, extension types...) is an error
+        _ => {
+            return Err(bad(
+                "binary value",
+                format!("type OID {t} has no binary decoder; stream it in text mode (binary off)"),
+            ))
+        }
+    })
+}
+
+/// `HH:MM:SS[.ffffff]` of microseconds since midnight, as the server prints it.
+fn time_text(micros: i64) -> String {
+    let secs = micros / 1_000_000;
+    format!(
+        "{:02}:{:02}:{:02}{}",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60,
+        fraction(micros % 1_000_000)
+    )
+}
+
+/// `.ffffff` without trailing zeros, or nothing.
+fn fraction(micros: i64) -> String {
+    if micros == 0 {
+        return String::new();
+    }
+    let f = format!(".{:06}", micros.abs());
+    f.trim_end_matches('0').to_owned()
+}
+
+/// A UTC offset in seconds east as the server prints it: `+02`, `-03:30`.
+fn zone_text(east: i32) -> String {
+    let a = east.unsigned_abs();
+    let mut s = format!("{}{:02}", if east < 0 { '-' } else { '+' }, a / 3600);
+    if a % 3600 != 0 {
+        s.push_str(&format!(":{:02}", a / 60 % 60));
+        if a % 60 != 0 {
+            s.push_str(&format!(":{:02}", a % 60));
+        }
+    }
+    s
+}
+
+/// An interval as the server prints it with `IntervalStyle = postgres`:
+/// `1 year 2 mons -3 days +04:05:06.5`, `00:00:00` for zero.
+fn interval_text(months: i32, days: i32, micros: i64) -> String {
+    let mut out = String::new();
+    let (mut zero, mut before) = (true, false);
+    for (v, unit) in [(months / 12, "year"), (months % 12, "mon"), (days, "day")] {
+        if v == 0 {
+            continue;
+        }
+        out.push_str(&format!(
+            "{}{}{v} {unit}{}",
+            if zero { "" } else { " " },
+            if before && v > 0 { "+" } else { "" },
+            if v != 1 { "s" } else { "" }
+        ));
+        before = v < 0;
+        zero = false;
+    }
+    if zero || micros != 0 {
+        let a = micros.unsigned_abs();
+        let secs = a / 1_000_000;
+        out.push_str(&format!(
+            "{}{}{:02}:{:02}:{:02}{}",
+            if zero { "" } else { " " },
+            if micros < 0 {
+                "-"
+            } else if before {
+                "+"
+            } else {
+                ""
+            },
+            secs / 3600,
+            secs / 60 % 60,
+            secs % 60,
+            fraction((a % 1_000_000) as i64)
+        ));
+    }
+    out
+}
+
+/// inet/cidr binary (family, bits, is_cidr, length, address) as the server
+/// prints it: the mask is shown for cidr always, for inet unless it is the
+/// whole address.
+fn inet_text(b: &[u8]) -> Result<String> {
+    let (family, bits, is_cidr, n) = match b {
+        [f, bits, c, n, ..] => (*f, *bits, *c != 0, *n as usize),
+        _ => return Err(bad("inet", "binary value too short")),
+    };
+    let addr = b
+        .get(4..4 + n)
+        .ok_or_else(|| bad("inet", "binary value too short"))?;
+    let (text, max) = match (family, n) {
+        (2, 4) => (
+            std::net::Ipv4Addr::new(addr[0], addr[1], addr[2], addr[3]).to_string(),
+            32,
         ),
+        (3, 16) => {
+            let a: [u8; 16] = addr.try_into().expect("16 bytes");
+            (std::net::Ipv6Addr::from(a).to_string(), 128)
+        }
+        _ => return Err(bad("inet", "unknown address family")),
+    };
+    Ok(if is_cidr || bits != max {
+        format!("{text}/{bits}")
+    } else {
+        text
     })
 }
 
