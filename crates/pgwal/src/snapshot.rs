@@ -141,35 +141,44 @@ pub async fn initial_copy(
         ))
         .await?;
         let pubs: Vec<String> = publications.iter().map(|p| quote_literal(p)).collect();
-        let tables = sql
-            .simple_query(&format!(
-                "SELECT DISTINCT schemaname, tablename FROM pg_catalog.pg_publication_tables \
-                 WHERE pubname IN ({}) ORDER BY 1, 2",
-                pubs.join(", ")
-            ))
-            .await?;
+        let major = sql.server_major_version().unwrap_or(10);
+        let tables = published_tables(&mut sql, &pubs, major).await?;
         let mut copied = InitialCopy {
             consistent_point: info.consistent_point,
             tables: Vec::new(),
             rows: 0,
         };
         for t in &tables {
-            let (schema, table) = (
-                t.get_index(0).unwrap_or_default().to_owned(),
-                t.get_index(1).unwrap_or_default().to_owned(),
-            );
+            let (schema, table) = (t.schema.clone(), t.table.clone());
             let qualified = format!("{}.{}", quote_ident(&schema), quote_ident(&table));
-            let columns: Vec<String> = sql
-                .simple_query(&format!(
-                    "SELECT attname FROM pg_catalog.pg_attribute WHERE attrelid = {}::regclass \
-                     AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
-                    quote_literal(&qualified)
-                ))
-                .await?
-                .iter()
-                .map(|r| r.get_index(0).unwrap_or_default().to_owned())
-                .collect();
+            let columns = match &t.columns {
+                Some(c) => c.clone(),
+                None => sql
+                    .simple_query(&format!(
+                        "SELECT attname FROM pg_catalog.pg_attribute WHERE attrelid = {}::regclass \
+                         AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
+                        quote_literal(&qualified)
+                    ))
+                    .await?
+                    .iter()
+                    .map(|r| r.get_index(0).unwrap_or_default().to_owned())
+                    .collect(),
+            };
             let cols: Vec<String> = columns.iter().map(|c| quote_ident(c)).collect();
+            // COPY of a table as is where it can; a query where the
+            // publication filters rows or the table is a partitioned root
+            // (COPY refuses those)
+            let copy = match (&t.row_filter, t.partitioned) {
+                (None, false) => format!("COPY {qualified} ({}) TO STDOUT", cols.join(", ")),
+                (filter, _) => format!(
+                    "COPY (SELECT {} FROM {qualified}{}) TO STDOUT",
+                    cols.join(", "),
+                    filter
+                        .as_ref()
+                        .map(|f| format!(" WHERE {f}"))
+                        .unwrap_or_default()
+                ),
+            };
             let mut partial: Vec<u8> = Vec::new();
             let mut handle_line = |line: &[u8]| -> Result<()> {
                 let values = line
@@ -184,17 +193,14 @@ pub async fn initial_copy(
                 })
             };
             let n = sql
-                .copy_out(
-                    &format!("COPY {qualified} ({}) TO STDOUT", cols.join(", ")),
-                    |chunk| {
-                        partial.extend_from_slice(chunk);
-                        while let Some(p) = partial.iter().position(|b| *b == b'\n') {
-                            let line: Vec<u8> = partial.drain(..=p).collect();
-                            handle_line(&line[..line.len() - 1])?;
-                        }
-                        Ok(())
-                    },
-                )
+                .copy_out(&copy, |chunk| {
+                    partial.extend_from_slice(chunk);
+                    while let Some(p) = partial.iter().position(|b| *b == b'\n') {
+                        let line: Vec<u8> = partial.drain(..=p).collect();
+                        handle_line(&line[..line.len() - 1])?;
+                    }
+                    Ok(())
+                })
                 .await?;
             copied.rows += n;
             copied.tables.push(format!("{schema}.{table}"));
@@ -210,6 +216,103 @@ pub async fn initial_copy(
             Err(e)
         }
     }
+}
+
+/// A table as the publications publish it.
+struct PublishedTable {
+    schema: String,
+    table: String,
+    /// The published columns, when a publication lists them (15+).
+    columns: Option<Vec<String>>,
+    /// The rows published: the publications' filters OR-ed (15+).
+    row_filter: Option<String>,
+    /// A partitioned table (published via its root).
+    partitioned: bool,
+}
+
+/// What the publications publish of each table, combined as the server's
+/// own table synchronization does: a table in several publications gets
+/// the union of their column lists (all columns if one has none) and the
+/// OR of their row filters (no filter if one has none).
+/// `pg_publication_tables` already lists partitions or their root as
+/// `publish_via_partition_root` says.
+async fn published_tables(
+    sql: &mut ReplicationClient,
+    pubs: &[String],
+    major: u32,
+) -> Result<Vec<PublishedTable>> {
+    let extra = if major >= 15 {
+        "pg_catalog.array_to_json(t.attnames)::text, t.rowfilter"
+    } else {
+        "NULL::text, NULL::text"
+    };
+    let rows = sql
+        .simple_query(&format!(
+            "SELECT t.schemaname, t.tablename, {extra}, c.relkind = 'p' \
+             FROM pg_catalog.pg_publication_tables t \
+             JOIN pg_catalog.pg_namespace n ON n.nspname = t.schemaname \
+             JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename \
+             WHERE t.pubname IN ({}) ORDER BY 1, 2",
+            pubs.join(", ")
+        ))
+        .await?;
+    let mut out: Vec<PublishedTable> = Vec::new();
+    let mut unfiltered: Vec<bool> = Vec::new();
+    for r in &rows {
+        let schema = r.get_index(0).unwrap_or_default().to_owned();
+        let table = r.get_index(1).unwrap_or_default().to_owned();
+        // attnames lists every published column (15+), in column order
+        let cols: Option<Vec<String>> = r
+            .get_index(2)
+            .map(|j| {
+                serde_json::from_str(j).map_err(|e| Error::Column {
+                    column: "pg_publication_tables.attnames".into(),
+                    reason: e.to_string(),
+                })
+            })
+            .transpose()?;
+        let filter = r.get_index(3).map(str::to_owned);
+        let partitioned = r.get_index(4) == Some("t");
+        match out
+            .iter()
+            .position(|t| t.schema == schema && t.table == table)
+        {
+            None => {
+                out.push(PublishedTable {
+                    schema,
+                    table,
+                    columns: cols,
+                    row_filter: filter.as_ref().map(|f| format!("({f})")),
+                    partitioned,
+                });
+                unfiltered.push(filter.is_none());
+            }
+            Some(i) => {
+                let t = &mut out[i];
+                if let (Some(have), Some(more)) = (&mut t.columns, cols) {
+                    for c in more {
+                        if !have.contains(&c) {
+                            have.push(c);
+                        }
+                    }
+                }
+                match filter {
+                    None => unfiltered[i] = true,
+                    Some(f) => {
+                        if let Some(have) = &mut t.row_filter {
+                            have.push_str(&format!(" OR ({f})"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for (i, t) in out.iter_mut().enumerate() {
+        if unfiltered[i] {
+            t.row_filter = None;
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
