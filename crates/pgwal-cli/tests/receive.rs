@@ -179,6 +179,74 @@ fn kill_9_under_ack_flush_loses_no_acknowledged_wal() {
     }
 }
 
+/// `--ack write` fsyncs at least every status interval even under steady
+/// load, when every batch sends a status update of its own (the lab's
+/// audit-receiver found that it did not: acknowledged WAL stayed unsynced
+/// until its segment was complete).
+#[test]
+fn ack_write_fsyncs_every_status_interval_under_load() {
+    let (label, bin) = support::servers().into_iter().last().unwrap();
+    let c = Cluster::start(
+        label,
+        &bin,
+        Options {
+            conf: vec![
+                format!("synchronous_standby_names = '{APP}'"),
+                "synchronous_commit = remote_write".into(),
+                "autovacuum = off".into(),
+            ],
+            ..Options::default()
+        },
+    );
+    c.psql("SET synchronous_commit = local; CREATE TABLE t (v int)");
+    let dir = c.dir.join("recv");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut r = receiver(&c, &dir, &["--ack", "write", "-s", "0.5"]);
+    let flush = || {
+        lsn(&c.query(&format!(
+            "SELECT flush_lsn FROM pg_stat_replication WHERE application_name = '{APP}'"
+        )))
+    };
+    wait_until("sync standby", || {
+        c.query(&format!(
+            "SELECT sync_state FROM pg_stat_replication WHERE application_name = '{APP}'"
+        )) == "sync"
+    });
+    std::fs::write(c.dir.join("insert.sql"), "INSERT INTO t VALUES (1);\n").unwrap();
+    let mut bench = Command::new(c.bin.join("pgbench"))
+        .args([
+            "-n",
+            "-c",
+            "4",
+            "-T",
+            "4",
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-p",
+        ])
+        .arg(c.port.to_string())
+        .arg("-f")
+        .arg(c.dir.join("insert.sql"))
+        .arg("postgres")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    let first = flush();
+    std::thread::sleep(Duration::from_millis(1500));
+    let second = flush();
+    assert!(bench.wait().unwrap().success(), "{label}: pgbench");
+    assert!(
+        second > first,
+        "{label}: under load the flush position stayed at {first:X} for 1.5 s (status interval 0.5 s)"
+    );
+    r.kill().unwrap();
+    r.wait().unwrap();
+}
+
 #[test]
 fn unwritable_directory_is_refused_and_left_alone() {
     let dir = std::env::temp_dir().join(format!("pgwal-ro-{}", std::process::id()));
