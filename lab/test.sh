@@ -18,7 +18,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 cleanup
 set +e
-(cd "$here" && timeout 1800 "$venv/bin/python" -m pytest -v ${PYTEST_ARGS:-} tests)
+(cd "$here" && timeout 2700 "$venv/bin/python" -m pytest -v ${PYTEST_ARGS:-} tests)
 rc=$?
 set -e
 if [ $rc -eq 5 ]; then
