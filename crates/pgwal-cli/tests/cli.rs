@@ -10,13 +10,28 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use support::{Cluster, Options};
 
+/// The `pgwal` binary with `-d` for the cluster.
+fn pgwal_command(c: &Cluster) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pgwal"));
+    cmd.arg("-d")
+        .arg(format!("{} sslmode=disable", c.conninfo("postgres")));
+    cmd
+}
+
+/// Reads the address `--metrics` printed as its first line on stderr.
+fn metrics_address(label: &str, err: &mut impl BufRead) -> String {
+    let mut first = String::new();
+    err.read_line(&mut first).unwrap();
+    first
+        .trim()
+        .strip_prefix("pgwal: metrics at http://")
+        .and_then(|a| a.strip_suffix("/metrics"))
+        .unwrap_or_else(|| panic!("{label}: {first}"))
+        .to_owned()
+}
+
 fn pgwal(c: &Cluster, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_pgwal"))
-        .arg("-d")
-        .arg(format!("{} sslmode=disable", c.conninfo("postgres")))
-        .args(args)
-        .output()
-        .unwrap();
+    let out = pgwal_command(c).args(args).output().unwrap();
     (
         out.status.success(),
         String::from_utf8(out.stdout).unwrap(),
@@ -194,9 +209,7 @@ fn lsn_ge(c: &Cluster, a: &str, b: &str) -> bool {
 }
 
 fn stream_acking_on_stdin(c: &Cluster, slot: &str) -> std::process::Child {
-    Command::new(env!("CARGO_BIN_EXE_pgwal"))
-        .arg("-d")
-        .arg(format!("{} sslmode=disable", c.conninfo("postgres")))
+    pgwal_command(c)
         .args([
             "stream",
             "-S",
@@ -461,9 +474,7 @@ fn metrics_are_served_during_a_stream() {
         c.psql("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION p FOR TABLE t;");
         let (ok, _, err) = pgwal(&c, &["slot", "create", "s"]);
         assert!(ok, "{label}: {err}");
-        let mut p = Command::new(env!("CARGO_BIN_EXE_pgwal"))
-            .arg("-d")
-            .arg(format!("{} sslmode=disable", c.conninfo("postgres")))
+        let mut p = pgwal_command(&c)
             .args([
                 "stream",
                 "-S",
@@ -480,14 +491,7 @@ fn metrics_are_served_during_a_stream() {
             .spawn()
             .unwrap();
         let mut err = BufReader::new(p.stderr.take().unwrap());
-        let mut first = String::new();
-        err.read_line(&mut first).unwrap();
-        let addr = first
-            .trim()
-            .strip_prefix("pgwal: metrics at http://")
-            .and_then(|a| a.strip_suffix("/metrics"))
-            .unwrap_or_else(|| panic!("{label}: {first}"))
-            .to_owned();
+        let addr = metrics_address(label, &mut err);
         c.psql("INSERT INTO t SELECT generate_series(1, 5); INSERT INTO t VALUES (6);");
         let mut out = BufReader::new(p.stdout.take().unwrap());
         let mut ends = Vec::new();
@@ -682,9 +686,7 @@ fn stream_warns_before_the_slot_is_invalidated() {
             break;
         }
     }
-    let mut p = Command::new(env!("CARGO_BIN_EXE_pgwal"))
-        .arg("-d")
-        .arg(format!("{} sslmode=disable", c.conninfo("postgres")))
+    let mut p = pgwal_command(&c)
         .args([
             "stream",
             "-S",
@@ -701,13 +703,7 @@ fn stream_warns_before_the_slot_is_invalidated() {
         .spawn()
         .unwrap();
     let mut err = BufReader::new(p.stderr.take().unwrap());
-    let mut first = String::new();
-    err.read_line(&mut first).unwrap();
-    let addr = first
-        .trim()
-        .trim_start_matches("pgwal: metrics at http://")
-        .trim_end_matches("/metrics")
-        .to_owned();
+    let addr = metrics_address(label, &mut err);
     let mut warning = String::new();
     err.read_line(&mut warning).unwrap();
     assert!(

@@ -74,6 +74,32 @@ fn received_matches_server(dir: &Path, pg_wal: &Path, upto: u64) -> u64 {
     compared
 }
 
+/// pgbench inserting one row per transaction into `t` with 4 clients for 4 s.
+fn insert_load(c: &Cluster) -> Child {
+    std::fs::write(c.dir.join("insert.sql"), "INSERT INTO t VALUES (1);\n").unwrap();
+    Command::new(c.bin.join("pgbench"))
+        .args([
+            "-n",
+            "-c",
+            "4",
+            "-T",
+            "4",
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-p",
+        ])
+        .arg(c.port.to_string())
+        .arg("-f")
+        .arg(c.dir.join("insert.sql"))
+        .arg("postgres")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 #[test]
 fn kill_9_under_ack_flush_loses_no_acknowledged_wal() {
     for (label, bin) in support::servers() {
@@ -104,28 +130,7 @@ fn kill_9_under_ack_flush_loses_no_acknowledged_wal() {
         };
         wait_until("sync standby", || sync() == "sync");
         let start = lsn(&c.query("SELECT pg_current_wal_lsn()"));
-        std::fs::write(c.dir.join("insert.sql"), "INSERT INTO t VALUES (1);\n").unwrap();
-        let mut bench = Command::new(c.bin.join("pgbench"))
-            .args([
-                "-n",
-                "-c",
-                "4",
-                "-T",
-                "4",
-                "-h",
-                "127.0.0.1",
-                "-U",
-                "postgres",
-                "-p",
-            ])
-            .arg(c.port.to_string())
-            .arg("-f")
-            .arg(c.dir.join("insert.sql"))
-            .arg("postgres")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut bench = insert_load(&c);
         std::thread::sleep(Duration::from_millis(1500));
         r.kill().unwrap(); // SIGKILL
         r.wait().unwrap();
@@ -212,28 +217,7 @@ fn ack_write_fsyncs_every_status_interval_under_load() {
             "SELECT sync_state FROM pg_stat_replication WHERE application_name = '{APP}'"
         )) == "sync"
     });
-    std::fs::write(c.dir.join("insert.sql"), "INSERT INTO t VALUES (1);\n").unwrap();
-    let mut bench = Command::new(c.bin.join("pgbench"))
-        .args([
-            "-n",
-            "-c",
-            "4",
-            "-T",
-            "4",
-            "-h",
-            "127.0.0.1",
-            "-U",
-            "postgres",
-            "-p",
-        ])
-        .arg(c.port.to_string())
-        .arg("-f")
-        .arg(c.dir.join("insert.sql"))
-        .arg("postgres")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut bench = insert_load(&c);
     std::thread::sleep(Duration::from_millis(1000));
     let first = flush();
     std::thread::sleep(Duration::from_millis(1500));
