@@ -220,17 +220,30 @@ def cpu_share_pct(before: CpuTimes | None, after: CpuTimes | None, field: str) -
     return (getattr(after, field) - getattr(before, field)) / (after.total - before.total) * 100
 
 
-def netdelay_binary() -> Path:
-    env = os.environ.get("PGWAL_NETDELAY")
+def crate_binary(name: str, env_var: str, also: tuple = ()) -> Path | None:
+    """A binary of the crates/ workspace: $env_var, the checkout's release
+    build (then `also`, then its debug build), or PATH; None if none exists."""
+    env = os.environ.get(env_var)
     cands = [Path(env)] if env else []
     if IN_CHECKOUT:
-        cands += [REPO / "crates/target/release/pgwal-netdelay",
-                  BUILD_DIR / "netdelay/target/release/pgwal-netdelay", REPO / "crates/target/debug/pgwal-netdelay"]
-    on_path = shutil.which("pgwal-netdelay")
+        cands += [REPO / f"crates/target/release/{name}", *also, REPO / f"crates/target/debug/{name}"]
+    on_path = shutil.which(name)
     if on_path:
         cands.append(Path(on_path))
-    for c in cands:
-        if c.exists():
-            return c
-    raise LabError("pgwal-netdelay not found: in a checkout, cd crates && cargo build --release -p "
-                   "pgwal-netdelay; otherwise cargo install --path crates/pgwal-netdelay, or set PGWAL_NETDELAY")
+    return next((c for c in cands if c.exists()), None)
+
+
+def netdelay_binary() -> Path:
+    found = crate_binary("pgwal-netdelay", "PGWAL_NETDELAY", (BUILD_DIR / "netdelay/target/release/pgwal-netdelay",))
+    if found is None:
+        raise LabError("pgwal-netdelay not found: in a checkout, cd crates && cargo build --release -p "
+                       "pgwal-netdelay; otherwise cargo install --path crates/pgwal-netdelay, or set PGWAL_NETDELAY")
+    return found
+
+
+def pgwal_binary() -> Path:
+    """The pgwal CLI (the consumer audits run it)."""
+    found = crate_binary("pgwal", "PGWAL_BIN")
+    if found is None:
+        raise LabError("pgwal not found: cd crates && cargo build --release -p pgwal-cli, or set PGWAL_BIN")
+    return found

@@ -162,9 +162,10 @@ def test_promises_table():
     assert check.acks_promised("on", "held-failover-both")
 
 
-def _short_audit(bin_dir, tmp_path, **params):
+def _short_audit(bin_dir, tmp_path, scenario="audit", **params):
+    """A smoke run of one of the audits; it leaves nothing behind."""
     before = lab_leftovers()
-    records, _ = run_scenario("audit", bin_dir, params, smoke=True, results=tmp_path, max_minutes=15, quiet=True)
+    records, _ = run_scenario(scenario, bin_dir, params, smoke=True, results=tmp_path, max_minutes=15, quiet=True)
     assert lab_leftovers() == before
     return records
 
@@ -222,10 +223,7 @@ def test_audit_sees_a_broken_promise(pg_bin, tmp_path):
 def _short_consumer_audit(bin_dir, tmp_path):
     from pgwal_lab.scenarios import audit_consumer
 
-    before = lab_leftovers()
-    records, _ = run_scenario("audit-consumer", bin_dir, {}, smoke=True, results=tmp_path, max_minutes=10,
-                              quiet=True)
-    assert lab_leftovers() == before
+    records = _short_audit(bin_dir, tmp_path, "audit-consumer")
     assert audit_consumer.failures(records) is None, audit_consumer.failures(records)
     exact = [r for r in records if r["mode"] == "exact"]
     control = [r for r in records if r["mode"] == "ack-before-apply"]
@@ -252,10 +250,7 @@ def test_short_consumer_audit_stock(stock_bin, tmp_path):
 def _short_receiver_audit(bin_dir, tmp_path):
     from pgwal_lab.scenarios import audit_receiver
 
-    before = lab_leftovers()
-    records, _ = run_scenario("audit-receiver", bin_dir, {}, smoke=True, results=tmp_path, max_minutes=10,
-                              quiet=True)
-    assert lab_leftovers() == before
+    records = _short_audit(bin_dir, tmp_path, "audit-receiver")
     assert audit_receiver.failures(records) is None, audit_receiver.failures(records)
     cells = {(r["fault"], r["mode"]) for r in records}
     assert cells == {(f, m) for f in audit_receiver.FAULTS for m in audit_receiver.MODES}

@@ -161,7 +161,8 @@ def consumer_section(records: list[dict]) -> list[str]:
              f"{len(records)} cycles; load {params.get('load_s')} s with {params.get('faults_per_cycle')} faults "
              f"per cycle at random moments; seed(s) {', '.join(seeds)}.", "",
              "| mode | cycles (void) | faults: " + ", ".join(FAULT_KINDS) + " | commits acknowledged to the "
-             "writers | of those never applied | rows on the source | missing from the copy | only in the copy | applied twice "
+             "writers | of those never applied | rows on the source | missing from the copy | only in the copy "
+             "| applied twice "
              "(transactions, rows) | hot row differs | delivered again and skipped | consumer starts | verdict |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for mode in sorted({r["mode"] for r in records}):
@@ -177,7 +178,8 @@ def consumer_section(records: list[dict]) -> list[str]:
         else:
             verdict = "control: losses seen" if lost else "control: **no loss seen: the audit is blind**"
         lines.append(
-            f"| `{mode}` | {len(rs)} ({void}) | {' · '.join(map(str, counts))} | {sum(r['acked_total'] for r in rs)} | {lost} | "
+            f"| `{mode}` | {len(rs)} ({void}) | {' · '.join(map(str, counts))} | "
+            f"{sum(r['acked_total'] for r in rs)} | {lost} | "
             f"{sum(x['rows'] for x in c)} | {missing} | {sum(x['extra'] for x in c)} | "
             f"{sum(x['applied_twice'] for x in c)}, {sum(x['duplicate_rows'] for x in c)} | "
             f"{sum(1 for x in c if x['hot_source'] != x['hot_copy'])} | "

@@ -110,4 +110,5 @@ def get(name: str):
     return mods[name]
 
 
-NAMES = ["sync-modes", "hot-counter", "tpcb-simple", "wal-volume", "large-txn", "audit", "audit-consumer", "audit-receiver"]
+NAMES = ["sync-modes", "hot-counter", "tpcb-simple", "wal-volume", "large-txn", "audit", "audit-consumer",
+         "audit-receiver"]

@@ -43,7 +43,7 @@ from pathlib import Path
 from .. import topology
 from ..audit import check, faults
 from ..audit.ledger import Load, prepare_cycle
-from ..util import LAB_DIR, REPO, LabError, wait_for
+from ..util import LAB_DIR, LabError, pgwal_binary, wait_for
 from . import Context, as_list
 
 NAME = "audit-consumer"
@@ -54,20 +54,6 @@ SMOKE = {"cycles": 2, "load_s": [0.5, 1.0]}
 SLOT, PUBLICATION, COPY_DB = "audit_consumer", "audit_pub", "audit_copy"
 SETTINGS = {"wal_level": "logical", "max_prepared_transactions": 20, "max_replication_slots": 10,
             "max_wal_senders": 10, "log_min_messages": "warning", "shared_buffers": "128MB"}
-
-
-def pgwal_binary() -> Path:
-    """The pgwal CLI: $PGWAL_BIN, the checkout's crates build, or PATH."""
-    import shutil
-
-    cands = [Path(os.environ["PGWAL_BIN"])] if os.environ.get("PGWAL_BIN") else []
-    cands += [REPO / "crates/target/release/pgwal", REPO / "crates/target/debug/pgwal"]
-    if shutil.which("pgwal"):
-        cands.append(Path(shutil.which("pgwal")))
-    for c in cands:
-        if c.exists():
-            return c
-    raise LabError("pgwal not found: cd crates && cargo build --release -p pgwal-cli, or set PGWAL_BIN")
 
 
 class Consumer:

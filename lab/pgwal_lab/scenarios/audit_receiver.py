@@ -40,9 +40,8 @@ from pathlib import Path
 from .. import power, topology
 from ..audit.ledger import Load, prepare_cycle
 from ..proof import ProofError, shim_state
-from ..util import LabError, wait_for
+from ..util import LabError, pgwal_binary, wait_for
 from . import Context, as_list
-from .audit_consumer import pgwal_binary
 
 NAME = "audit-receiver"
 MODES = ("flush", "write", "receive")
