@@ -120,9 +120,6 @@ class Consumer:
             self.proc.wait(timeout=30)
         self.reap()
 
-    def stop(self) -> None:
-        self.kill()
-
     def stderr_tail(self, n: int = 10) -> str:
         try:
             return "\n".join(self.errlog.read_text(errors="replace").splitlines()[-n:])
@@ -282,7 +279,7 @@ def run(ctx: Context, params: dict) -> list[dict]:
                 # each mode has its slot's history to itself: a fresh slot and copy per mode switch
                 if mode not in consumers or len(modes) > 1:
                     for other in consumers.values():
-                        other.stop()
+                        other.kill()
                     _reset(primary)
                     consumers[mode] = Consumer(primary, workdir, mode)
                 consumer = consumers[mode]
@@ -309,7 +306,7 @@ def run(ctx: Context, params: dict) -> list[dict]:
                                                                     if rec["violations"] else ""))
         finally:
             for c in consumers.values():
-                c.stop()
+                c.kill()
     return records
 
 
