@@ -205,8 +205,9 @@ pub enum Error {
         reason: String,
     },
     /// The slot has confirmed a position beyond the one this consumer ever
-    /// confirmed (its state file): it was dropped and created again, or
-    /// another consumer moved it. Streaming from there would skip changes
+    /// confirmed (its state file, or earlier sessions of this stream): it
+    /// was dropped and created again, another consumer moved it, or a
+    /// promoted standby's synced slot is ahead. Streaming from there would skip changes
     /// this consumer never received; nothing was streamed.
     SlotAhead {
         /// The slot.
@@ -303,8 +304,9 @@ impl fmt::Display for Error {
             } => write!(
                 f,
                 "replication slot {slot:?} has confirmed {confirmed}, {} bytes beyond the {acknowledged} \
-                 this consumer confirmed: it was dropped and created again, or another consumer \
-                 moved it, and streaming would skip changes never received here; nothing was streamed",
+                 this consumer confirmed: it was dropped and created again, another consumer \
+                 moved it, or (after a failover) the promoted server's synced slot is ahead; \
+                 streaming would skip changes never received here; nothing was streamed",
                 confirmed.0.saturating_sub(acknowledged.0)
             ),
             Error::NoSuitableServer { wanted, tried } => write!(

@@ -13,6 +13,11 @@ pub(crate) struct Shared {
     pub(crate) acked: AtomicU64,
     /// Position last confirmed to the server (flush).
     pub(crate) confirmed: AtomicU64,
+    /// Highest position this stream told (or began telling) any server it
+    /// confirmed, or accepted as a slot's start; 0 before the first
+    /// session. A slot found beyond it on a reconnect was moved by someone
+    /// else, or is a promoted standby's synced slot that ran ahead.
+    pub(crate) claimed: AtomicU64,
     /// Session generation; events of older sessions are dropped.
     pub(crate) generation: AtomicU64,
     /// The server's WAL end, from the latest XLogData or keepalive.

@@ -88,9 +88,11 @@ pub struct StreamConfig {
     /// another consumer): the stream ends with
     /// [`Error::SlotAhead`](crate::Error::SlotAhead) before it streams
     /// anything. The file also names the server (system identifier) and
-    /// slot, and is refused for others. Without a file, only an
-    /// invalidated slot is refused ([`Error::SlotInvalidated`](crate::Error::SlotInvalidated)),
-    /// which the stream always checks.
+    /// slot, and is refused for others. Without a file the same check
+    /// runs on reconnects only, against what this stream confirmed since
+    /// it started (after a failover: the promoted server's synced slot);
+    /// an invalidated slot is always refused
+    /// ([`Error::SlotInvalidated`](crate::Error::SlotInvalidated)).
     pub state_file: Option<std::path::PathBuf>,
 }
 

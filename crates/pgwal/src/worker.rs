@@ -84,26 +84,29 @@ pub(crate) async fn open_session(
         .as_ref()
         .and_then(|h| h.confirmed_flush)
         .unwrap_or_default();
+    // What this consumer let the slot reach: what it confirmed (or accepted
+    // as the slot's start) in earlier sessions, and the state file's record.
+    let claimed = Lsn(shared.claimed.load(Ordering::SeqCst));
+    let mut allowed = (claimed != Lsn(0)).then_some(claimed);
     if let Some(path) = &stream.state_file {
         let system_id = client.identify_system().await?.system_id;
         let p = path.clone();
         let state = tokio::task::spawn_blocking(move || slot_state::load(&p))
             .await
             .map_err(|_| Error::Closed)??;
-        // What this consumer let the slot reach: the file, or what it
-        // confirmed (or accepted as the slot's start) since it started.
-        let mut allowed = Lsn(shared.confirmed.load(Ordering::SeqCst));
         match &state {
             Some(st) => {
-                allowed = allowed.max(slot_state::check(path, st, &system_id, &stream.slot)?);
+                let file = slot_state::check(path, st, &system_id, &stream.slot)?;
+                allowed = Some(allowed.map_or(file, |a| a.max(file)));
             }
             None => {
                 // a new file: the slot's position now is where this consumer begins
-                allowed = allowed.max(floor);
+                let begin = allowed.map_or(floor, |a| a.max(floor));
+                allowed = Some(begin);
                 let st = slot_state::SlotState {
                     system_identifier: system_id.clone(),
                     slot: stream.slot.clone(),
-                    confirmed: floor,
+                    confirmed: begin,
                 };
                 let p = path.clone();
                 tokio::task::spawn_blocking(move || slot_state::store(&p, &st))
@@ -111,15 +114,18 @@ pub(crate) async fn open_session(
                     .map_err(|_| Error::Closed)??;
             }
         }
-        if floor > allowed {
-            return Err(Error::SlotAhead {
-                slot: stream.slot.clone(),
-                confirmed: floor,
-                acknowledged: allowed,
-            });
-        }
         shared.system_id.get_or_init(|| system_id);
     }
+    // Without a file, the first session accepts the slot where it is.
+    let allowed = allowed.unwrap_or(floor);
+    if floor > allowed {
+        return Err(Error::SlotAhead {
+            slot: stream.slot.clone(),
+            confirmed: floor,
+            acknowledged: allowed,
+        });
+    }
+    shared.claimed.fetch_max(floor.0, Ordering::SeqCst);
     let start = Lsn(shared.acked.load(Ordering::SeqCst))
         .max(floor)
         .max(stream.start_lsn.unwrap_or_default());
@@ -150,6 +156,8 @@ impl Session {
         let acked = Lsn(self.shared.acked.load(Ordering::SeqCst));
         let confirmed = Lsn(self.shared.confirmed.load(Ordering::SeqCst));
         let flush = self.delivery.flush_position(acked).max(confirmed);
+        // before the send: a send that fails half way may still reach the server
+        self.shared.claimed.fetch_max(flush.0, Ordering::SeqCst);
         if flush > confirmed {
             if let Some(path) = &self.state_file {
                 // write-ahead: the file is never behind what the slot is told
@@ -252,7 +260,8 @@ impl Worker {
                             continue;
                         }
                         let g = self.shared.generation.load(Ordering::SeqCst);
-                        let e = if failures > 1 {
+                        // a permanent error is itself the answer, however many tries led to it
+                        let e = if failures > 1 && e.is_transient() {
                             Error::RetriesExhausted {
                                 attempts: failures,
                                 last: Box::new(e),

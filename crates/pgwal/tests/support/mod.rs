@@ -173,27 +173,28 @@ pub struct Options {
 }
 
 impl Cluster {
-    pub fn start(label: &'static str, bin: &Path, opts: Options) -> Cluster {
+    /// A fresh directory under /tmp that the server's user owns.
+    fn new_dir() -> PathBuf {
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
         let dir = PathBuf::from(format!("/tmp/pgwal-test-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
+        give_to_server_user(&dir);
+        dir
+    }
+
+    fn read_major(&mut self) {
+        self.major = self
+            .query("SHOW server_version_num")
+            .trim()
+            .parse::<u32>()
+            .unwrap()
+            / 10000;
+    }
+
+    pub fn start(label: &'static str, bin: &Path, opts: Options) -> Cluster {
+        let dir = Self::new_dir();
         let data = dir.join("data");
-        if is_root() {
-            let user = Command::new(repo_root().join("tools/as-user"))
-                .arg("--ensure")
-                .output()
-                .unwrap();
-            let user = String::from_utf8_lossy(&user.stdout).trim().to_owned();
-            run(
-                {
-                    let mut c = Command::new("chown");
-                    c.arg(&user).arg(&dir);
-                    c
-                },
-                "chown",
-            );
-        }
         let mut cluster = Cluster {
             dir: dir.clone(),
             bin: bin.to_owned(),
@@ -246,13 +247,83 @@ impl Cluster {
         )
         .unwrap();
         cluster.port = start_server(bin, &data, &dir.join("server.log"), port);
-        cluster.major = cluster
-            .query("SHOW server_version_num")
-            .trim()
-            .parse::<u32>()
-            .unwrap()
-            / 10000;
+        cluster.read_major();
         cluster
+    }
+
+    /// A hot standby of this cluster, streaming through the physical slot
+    /// `slot` (created here), from a `pg_basebackup`; `conf` lines are
+    /// appended to its postgresql.conf.
+    pub fn standby(&self, slot: &str, conf: &[&str]) -> Cluster {
+        self.query(&format!(
+            "SELECT pg_create_physical_replication_slot('{slot}', true)"
+        ));
+        let dir = Self::new_dir();
+        let data = dir.join("data");
+        let mut c = server_cmd(&self.bin.join("pg_basebackup"));
+        c.args([
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+            "-p",
+        ])
+        .arg(self.port.to_string())
+        .arg("-D")
+        .arg(&data);
+        run(c, "pg_basebackup");
+        let port = free_port();
+        let mut text = format!(
+            "port = {port}\nunix_socket_directories = '{}'\nhot_standby = on\n\
+             primary_conninfo = 'host=127.0.0.1 port={} user=postgres dbname=postgres \
+             application_name=standby'\nprimary_slot_name = '{slot}'\n",
+            dir.display(),
+            self.port
+        );
+        for l in conf {
+            text.push_str(l);
+            text.push('\n');
+        }
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("postgresql.conf"))
+            .unwrap();
+        f.write_all(text.as_bytes()).unwrap();
+        std::fs::write(data.join("standby.signal"), "").unwrap();
+        let mut standby = Cluster {
+            dir: dir.clone(),
+            bin: self.bin.clone(),
+            port: 0,
+            label: self.label,
+            major: 0,
+        };
+        standby.port = start_server(&self.bin, &data, &dir.join("server.log"), port);
+        standby.read_major();
+        standby
+    }
+
+    /// `pg_ctl stop -m immediate`: a crash, as far as the WAL is concerned.
+    pub fn crash(&self) {
+        let mut c = server_cmd(&self.bin.join("pg_ctl"));
+        c.args(["-m", "immediate", "-w", "-D"])
+            .arg(self.dir.join("data"))
+            .arg("stop");
+        c.stdout(Stdio::null());
+        run(c, "pg_ctl stop");
+    }
+
+    /// Promotes this standby and waits until it accepts writes.
+    pub fn promote(&self) {
+        let mut c = server_cmd(&self.bin.join("pg_ctl"));
+        c.args(["-w", "-t", "60", "-D"])
+            .arg(self.dir.join("data"))
+            .arg("promote");
+        c.stdout(Stdio::null());
+        run(c, "pg_ctl promote");
     }
 
     /// `psql` connected to this cluster as `postgres`, stopping on the
