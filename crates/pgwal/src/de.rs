@@ -6,7 +6,9 @@ use serde::de::{
 
 use crate::error::Error;
 use crate::event::Row;
-use crate::types::{decode, Value};
+use std::ops::Bound;
+
+use crate::types::{decode, Range, Value};
 
 /// The error of row deserialization.
 #[derive(Debug, thiserror::Error)]
@@ -110,6 +112,55 @@ fn uuid_string(u: &[u8; 16]) -> String {
     )
 }
 
+/// A range as a map: `empty`, `lower`, `upper` (null when unbounded),
+/// `lower_inclusive`, `upper_inclusive`.
+fn range_map(r: Range) -> Fields {
+    let (empty, lower, upper) = match r {
+        Range::Bounds(l, u) => (false, l, u),
+        Range::Empty => (true, Bound::Unbounded, Bound::Unbounded),
+    };
+    let split = |b: Bound<Value>| match b {
+        Bound::Included(v) => (v, true),
+        Bound::Excluded(v) => (v, false),
+        Bound::Unbounded => (Value::Null, false),
+    };
+    let (lower, lower_inclusive) = split(lower);
+    let (upper, upper_inclusive) = split(upper);
+    Fields(
+        vec![
+            ("empty", Value::Bool(empty)),
+            ("lower", lower),
+            ("upper", upper),
+            ("lower_inclusive", Value::Bool(lower_inclusive)),
+            ("upper_inclusive", Value::Bool(upper_inclusive)),
+        ]
+        .into_iter(),
+        None,
+    )
+}
+
+struct Fields(std::vec::IntoIter<(&'static str, Value)>, Option<Value>);
+
+impl<'de> MapAccess<'de> for Fields {
+    type Error = DeError;
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, DeError> {
+        match self.0.next() {
+            Some((k, v)) => {
+                self.1 = Some(v);
+                seed.deserialize(ValueDe(Value::Text(k.to_owned())))
+                    .map(Some)
+            }
+            None => Ok(None),
+        }
+    }
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, DeError> {
+        seed.deserialize(ValueDe(self.1.take().unwrap_or(Value::Null)))
+    }
+}
+
 struct Seq(std::vec::IntoIter<Value>);
 
 impl<'de> SeqAccess<'de> for Seq {
@@ -144,6 +195,13 @@ impl<'de> Deserializer<'de> for ValueDe {
             Value::Timestamp(t) => v.visit_string(t.to_iso8601()),
             Value::Date(d) => v.visit_string(pgwal_protocol::format_pg_date(d.into())),
             Value::Array(a) => v.visit_seq(Seq(a.into_iter())),
+            Value::Money(m) => v.visit_i64(m),
+            Value::Range(r) => v.visit_map(range_map(*r)),
+            Value::Multirange(rs) => v.visit_seq(Seq(rs
+                .into_iter()
+                .map(|r| Value::Range(Box::new(r)))
+                .collect::<Vec<_>>()
+                .into_iter())),
         }
     }
 

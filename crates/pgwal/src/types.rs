@@ -1,5 +1,9 @@
 //! Typed decoding of column values (text and binary formats).
 
+mod range;
+
+pub use range::Range;
+
 use pgwal_protocol::pgoutput::ColumnValue;
 use pgwal_protocol::PgTimestamp;
 
@@ -35,6 +39,32 @@ pub mod oid {
     pub const TIME: u32 = 1083;
     pub const INTERVAL: u32 = 1186;
     pub const TIMETZ: u32 = 1266;
+    pub const INT2VECTOR: u32 = 22;
+    pub const TID: u32 = 27;
+    pub const XID: u32 = 28;
+    pub const CID: u32 = 29;
+    pub const OIDVECTOR: u32 = 30;
+    pub const XML: u32 = 142;
+    pub const MONEY: u32 = 790;
+    pub const BIT: u32 = 1560;
+    pub const VARBIT: u32 = 1562;
+    pub const REFCURSOR: u32 = 1790;
+    pub const TXID_SNAPSHOT: u32 = 2970;
+    pub const JSONPATH: u32 = 4072;
+    pub const PG_SNAPSHOT: u32 = 5038;
+    pub const XID8: u32 = 5069;
+    pub const INT4RANGE: u32 = 3904;
+    pub const NUMRANGE: u32 = 3906;
+    pub const TSRANGE: u32 = 3908;
+    pub const TSTZRANGE: u32 = 3910;
+    pub const DATERANGE: u32 = 3912;
+    pub const INT8RANGE: u32 = 3926;
+    pub const INT4MULTIRANGE: u32 = 4451;
+    pub const NUMMULTIRANGE: u32 = 4532;
+    pub const TSMULTIRANGE: u32 = 4533;
+    pub const TSTZMULTIRANGE: u32 = 4534;
+    pub const DATEMULTIRANGE: u32 = 4535;
+    pub const INT8MULTIRANGE: u32 = 4536;
 
     /// The element type of a built-in array type.
     pub fn array_element(array: u32) -> Option<u32> {
@@ -58,6 +88,12 @@ pub mod oid {
             2951 => UUID,
             199 => JSON,
             3807 => JSONB,
+            3905 => INT4RANGE,
+            3907 => NUMRANGE,
+            3909 => TSRANGE,
+            3911 => TSTZRANGE,
+            3913 => DATERANGE,
+            3927 => INT8RANGE,
             _ => return None,
         })
     }
@@ -91,8 +127,17 @@ pub enum Value {
     Timestamp(PgTimestamp),
     /// `date`, days since 2000-01-01.
     Date(i32),
-    /// A one- or multi-dimensional array (nested for more dimensions).
+    /// A one- or multi-dimensional array (nested for more dimensions);
+    /// also `int2vector` and `oidvector`.
     Array(Vec<Value>),
+    /// A built-in range type, bounds decoded as its subtype.
+    Range(Box<Range>),
+    /// A built-in multirange type (14+).
+    Multirange(Vec<Range>),
+    /// `money` in binary mode: the amount in the currency's smallest unit
+    /// (cents where `lc_monetary` has two fraction digits). Its text form
+    /// depends on the server's locale and stays [`Value::Text`].
+    Money(i64),
 }
 
 fn bad(what: &str, reason: impl Into<String>) -> Error {
@@ -139,9 +184,18 @@ fn decode_text(t: u32, s: &str) -> Result<Value> {
             .map(Value::Int)
             .map_err(|e| bad(s, e.to_string()))
     };
+    if let Some(sub) = range::subtype(t) {
+        return Ok(Value::Range(Box::new(range::from_text(sub, s)?)));
+    }
+    if let Some(sub) = range::multirange_range(t).and_then(range::subtype) {
+        return Ok(Value::Multirange(range::multirange_from_text(sub, s)?));
+    }
     Ok(match t {
         oid::BOOL => Value::Bool(s == "t"),
-        oid::INT2 | oid::INT4 | oid::INT8 | oid::OID => int(s)?,
+        oid::INT2 | oid::INT4 | oid::INT8 | oid::OID | oid::XID | oid::CID | oid::XID8 => int(s)?,
+        oid::INT2VECTOR | oid::OIDVECTOR => {
+            Value::Array(s.split_whitespace().map(int).collect::<Result<_>>()?)
+        }
         oid::FLOAT4 | oid::FLOAT8 => Value::Float(parse_float(s)?),
         oid::NUMERIC => Value::Numeric(s.to_owned()),
         oid::BYTEA => Value::Bytes(parse_hex_bytea(s)?),
@@ -342,9 +396,17 @@ fn be<const N: usize>(b: &[u8], what: &str) -> Result<[u8; N]> {
 }
 
 fn decode_binary(t: u32, b: &[u8]) -> Result<Value> {
-    if oid::array_element(t).is_some() {
+    if oid::array_element(t).is_some() || t == oid::INT2VECTOR || t == oid::OIDVECTOR {
         return decode_binary_array(b);
     }
+    if let Some(sub) = range::subtype(t) {
+        return Ok(Value::Range(Box::new(range::from_binary(sub, b)?)));
+    }
+    if let Some(sub) = range::multirange_range(t).and_then(range::subtype) {
+        return Ok(Value::Multirange(range::multirange_from_binary(sub, b)?));
+    }
+    let utf8 =
+        |b: &[u8]| String::from_utf8(b.to_vec()).map_err(|_| bad("binary value", "text not UTF-8"));
     Ok(match t {
         oid::BOOL => Value::Bool(be::<1>(b, "bool")?[0] != 0),
         oid::INT2 => Value::Int(i16::from_be_bytes(be(b, "int2")?).into()),
@@ -370,7 +432,7 @@ fn decode_binary(t: u32, b: &[u8]) -> Result<Value> {
         }
         oid::DATE => Value::Date(i32::from_be_bytes(be(b, "date")?)),
         // their binary form is their text
-        oid::TEXT | oid::VARCHAR | oid::BPCHAR | oid::NAME | oid::CHAR => {
+        oid::TEXT | oid::VARCHAR | oid::BPCHAR | oid::NAME => {
             Value::Text(String::from_utf8(b.to_vec()).map_err(|_| bad("text", "not UTF-8"))?)
         }
         // decoded to the text the server prints (DateStyle ISO, IntervalStyle postgres)
@@ -401,8 +463,28 @@ fn decode_binary(t: u32, b: &[u8]) -> Result<Value> {
                     .join(":"),
             )
         }
-        // never read other bytes as text: a type without a decoder (money,
-        // ranges, extension types...) is an error
+        oid::XID | oid::CID => Value::Int(u32::from_be_bytes(be(b, "xid")?).into()),
+        oid::XID8 => Value::Int(
+            i64::try_from(u64::from_be_bytes(be(b, "xid8")?))
+                .map_err(|_| bad("xid8", "beyond i64"))?,
+        ),
+        oid::MONEY => Value::Money(i64::from_be_bytes(be(b, "money")?)),
+        oid::CHAR => Value::Text(char_text(be::<1>(b, "char")?[0])),
+        oid::TID => {
+            let block = u32::from_be_bytes(be(b, "tid")?);
+            let offset = u16::from_be_bytes(be(b.get(4..).unwrap_or(&[]), "tid")?);
+            Value::Text(format!("({block},{offset})"))
+        }
+        oid::BIT | oid::VARBIT => Value::Text(bits_text(b)?),
+        // sent as their text
+        oid::XML | oid::REFCURSOR => Value::Text(utf8(b)?),
+        oid::JSONPATH => match b.split_first() {
+            Some((1, text)) => Value::Text(utf8(text)?),
+            _ => return Err(bad("jsonpath", "unknown binary version")),
+        },
+        oid::TXID_SNAPSHOT | oid::PG_SNAPSHOT => Value::Text(snapshot_text(b)?),
+        // never read other bytes as text: a type without a decoder (reg*,
+        // geometric, pg_lsn, tsvector, extension types...) is an error
         _ => {
             return Err(bad(
                 "binary value",
@@ -410,6 +492,55 @@ fn decode_binary(t: u32, b: &[u8]) -> Result<Value> {
             ))
         }
     })
+}
+
+/// `charout`: the byte itself, a backslash and three octal digits with the
+/// high bit set, empty for 0.
+fn char_text(c: u8) -> String {
+    match c {
+        0 => String::new(),
+        c if c >= 0x80 => format!("\\{c:03o}"),
+        c => char::from(c).to_string(),
+    }
+}
+
+/// `bit_send`: the length in bits, then the bits, high first.
+fn bits_text(b: &[u8]) -> Result<String> {
+    let n = i32::from_be_bytes(be(b, "bit")?);
+    let n = usize::try_from(n).map_err(|_| bad("bit", "negative length"))?;
+    let bytes = &b[4..];
+    if bytes.len() != n.div_ceil(8) {
+        return Err(bad("bit", "length does not match the bytes"));
+    }
+    Ok((0..n)
+        .map(|i| {
+            if bytes[i / 8] & (0x80 >> (i % 8)) != 0 {
+                '1'
+            } else {
+                '0'
+            }
+        })
+        .collect())
+}
+
+/// `pg_snapshot_send`: the in-progress count, xmin, xmax, then each
+/// in-progress xid; printed `xmin:xmax:xip,xip`.
+fn snapshot_text(b: &[u8]) -> Result<String> {
+    let n = i32::from_be_bytes(be(b, "snapshot")?);
+    let n = usize::try_from(n).map_err(|_| bad("snapshot", "negative count"))?;
+    let u64_at = |i: usize| -> Result<u64> {
+        Ok(u64::from_be_bytes(be(
+            b.get(i..).unwrap_or(&[]),
+            "snapshot",
+        )?))
+    };
+    if b.len() != 20 + 8 * n {
+        return Err(bad("snapshot", "length does not match the count"));
+    }
+    let xips: Vec<String> = (0..n)
+        .map(|i| u64_at(20 + 8 * i).map(|x| x.to_string()))
+        .collect::<Result<_>>()?;
+    Ok(format!("{}:{}:{}", u64_at(4)?, u64_at(12)?, xips.join(",")))
 }
 
 /// `HH:MM:SS[.ffffff]` of microseconds since midnight, as the server prints it.
