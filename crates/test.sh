@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Tests of the pgwal crates: rustfmt and clippy, then unit, doc and integration tests.
 # Integration tests start their own PostgreSQL clusters: stock 15 from
-# $PGWAL_PG15_BIN (default /usr/lib/postgresql/15/bin) and 18 from
-# $PGWAL_PG18_BIN (default <repo>/.build/install/check/bin, skipped with a
-# notice when absent). Run from anywhere; installs PostgreSQL 15 and openssl
-# with apt if missing.
+# $PGWAL_PG15_BIN (default /usr/lib/postgresql/15/bin), stock 17 from
+# $PGWAL_PG17_BIN (default <repo>/.build/install/pg17/bin, installed by
+# tools/postgres-major when the 18 build is there) and 18 from
+# $PGWAL_PG18_BIN (default <repo>/.build/install/check/bin); 17 and 18 are
+# skipped with a notice when absent. Run from anywhere; installs PostgreSQL
+# 15 and openssl with apt if missing.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
@@ -30,6 +32,14 @@ fi
 pg18=${PGWAL_PG18_BIN:-$(cd .. && pwd)/.build/install/check/bin}
 if [ ! -x "$pg18/postgres" ]; then
 	echo "test.sh: NOTICE: no PostgreSQL 18 in $pg18; its integration tests are skipped"
+fi
+
+pg17=${PGWAL_PG17_BIN:-$(cd .. && pwd)/.build/install/pg17/bin}
+if [ ! -x "$pg17/postgres" ] && [ -z "${PGWAL_PG17_BIN:-}" ] && [ -x "$pg18/psql" ]; then
+	../tools/postgres-major 17.6.0 "$pg18" >/dev/null
+fi
+if [ ! -x "$pg17/postgres" ]; then
+	echo "test.sh: NOTICE: no PostgreSQL 17 in $pg17; its integration tests are skipped"
 fi
 
 packages=(-p pgwal-protocol -p pgwal -p pgwal-cli)

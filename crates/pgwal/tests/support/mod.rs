@@ -22,17 +22,21 @@ pub fn repo_root() -> PathBuf {
         .unwrap()
 }
 
-/// The server builds to test against: `(label, bin dir)`. Missing ones are
+/// The server builds to test against: `(label, bin dir)`: stock 15 (Debian),
+/// stock 17 (`tools/postgres-major`), the series' 18. Missing ones are
 /// skipped with a notice on stderr.
 pub fn servers() -> Vec<(&'static str, PathBuf)> {
     let mut v = Vec::new();
     let pg15 = std::env::var_os("PGWAL_PG15_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/usr/lib/postgresql/15/bin"));
+    let pg17 = std::env::var_os("PGWAL_PG17_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".build/install/pg17/bin"));
     let pg18 = std::env::var_os("PGWAL_PG18_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join(".build/install/check/bin"));
-    for (label, dir) in [("pg15", pg15), ("pg18", pg18)] {
+    for (label, dir) in [("pg15", pg15), ("pg17", pg17), ("pg18", pg18)] {
         if dir.join("postgres").exists() {
             v.push((label, dir));
         } else {
