@@ -38,6 +38,10 @@ pg17=${PGWAL_PG17_BIN:-$(cd .. && pwd)/.build/install/pg17/bin}
 if [ ! -x "$pg17/postgres" ] && [ -z "${PGWAL_PG17_BIN:-}" ] && [ -x "$pg18/psql" ]; then
 	../tools/postgres-major 17.6.0 "$pg18" >/dev/null
 fi
+# 14 only for the test of the older slot grammar (pgwal/tests/older_servers.rs)
+if [ ! -x ../.build/install/pg14/bin/postgres ] && [ -x "$pg18/psql" ]; then
+	../tools/postgres-major 14.19.0 "$pg18" >/dev/null
+fi
 if [ ! -x "$pg17/postgres" ]; then
 	echo "test.sh: NOTICE: no PostgreSQL 17 in $pg17; its integration tests are skipped"
 fi

@@ -317,31 +317,54 @@ impl ReplicationClient {
         })
     }
 
-    /// `CREATE_REPLICATION_SLOT ... LOGICAL pgoutput (...)` (PostgreSQL 15+ syntax).
+    /// `CREATE_REPLICATION_SLOT ... LOGICAL pgoutput`: options in
+    /// parentheses on 15+, as bare keywords before (the 10–14 grammar).
+    /// Two-phase needs 15 (as does pgoutput's two-phase decoding), failover
+    /// 17 ([`Error::ServerTooOld`] otherwise).
     pub async fn create_logical_slot(
         &mut self,
         name: &str,
         opts: &CreateSlotOptions,
     ) -> Result<SlotInfo> {
         validate_slot_name(name)?;
+        let major = self.server_major_version().unwrap_or(15);
+        let too_old = |feature, needs| Error::ServerTooOld {
+            feature,
+            needs,
+            server: major,
+        };
+        if opts.failover && major < 17 {
+            return Err(too_old("a failover slot", 17));
+        }
+        if opts.two_phase && major < 15 {
+            return Err(too_old("a two-phase slot", 15));
+        }
         let mut sql = format!("CREATE_REPLICATION_SLOT {name}");
         if opts.temporary {
             sql.push_str(" TEMPORARY");
         }
         sql.push_str(" LOGICAL pgoutput");
-        let mut o = Vec::new();
-        if opts.two_phase {
-            o.push("TWO_PHASE true".to_owned());
+        if major < 15 {
+            sql.push_str(match opts.snapshot {
+                SlotSnapshot::Export => " EXPORT_SNAPSHOT",
+                SlotSnapshot::Use => " USE_SNAPSHOT",
+                SlotSnapshot::Nothing => " NOEXPORT_SNAPSHOT",
+            });
+        } else {
+            let mut o = Vec::new();
+            if opts.two_phase {
+                o.push("TWO_PHASE true".to_owned());
+            }
+            if opts.failover {
+                o.push("FAILOVER true".to_owned());
+            }
+            match opts.snapshot {
+                SlotSnapshot::Export => o.push("SNAPSHOT 'export'".to_owned()),
+                SlotSnapshot::Use => o.push("SNAPSHOT 'use'".to_owned()),
+                SlotSnapshot::Nothing => o.push("SNAPSHOT 'nothing'".to_owned()),
+            }
+            sql.push_str(&format!(" ({})", o.join(", ")));
         }
-        if opts.failover {
-            o.push("FAILOVER true".to_owned());
-        }
-        match opts.snapshot {
-            SlotSnapshot::Export => o.push("SNAPSHOT 'export'".to_owned()),
-            SlotSnapshot::Use => o.push("SNAPSHOT 'use'".to_owned()),
-            SlotSnapshot::Nothing => o.push("SNAPSHOT 'nothing'".to_owned()),
-        }
-        sql.push_str(&format!(" ({})", o.join(", ")));
         let rows = self.simple_query(&sql).await?;
         let r = rows
             .first()

@@ -108,6 +108,15 @@ pub enum Error {
     },
     /// The server asked for an authentication method this client lacks.
     UnsupportedAuthentication(&'static str),
+    /// A feature the server's major version lacks; nothing was sent.
+    ServerTooOld {
+        /// The feature.
+        feature: &'static str,
+        /// The first major version that has it.
+        needs: u32,
+        /// The server's major version.
+        server: u32,
+    },
     /// A password is needed and none is configured.
     PasswordMissing,
     /// The SCRAM exchange failed (bad server proof, malformed message).
@@ -250,6 +259,14 @@ impl fmt::Display for Error {
             Error::UnsupportedAuthentication(m) => {
                 write!(f, "unsupported authentication method {m}")
             }
+            Error::ServerTooOld {
+                feature,
+                needs,
+                server,
+            } => write!(
+                f,
+                "{feature} needs PostgreSQL {needs} or later; the server is {server}"
+            ),
             Error::PasswordMissing => {
                 write!(f, "the server requested a password and none was supplied")
             }
