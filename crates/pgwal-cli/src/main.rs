@@ -114,6 +114,13 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
+    if let Command::Stream(a) = &cli.command {
+        if let Some(why) = a.conflict() {
+            Cli::command()
+                .error(clap::error::ErrorKind::ArgumentConflict, why)
+                .exit();
+        }
+    }
     // `stream --threads N` (N > 1) runs on a multi-thread runtime; everything
     // else on one thread (`receive`'s inline file I/O was measured there).
     let mut builder = match &cli.command {

@@ -48,6 +48,21 @@ pub(crate) struct StreamArgs {
     /// The slot must not exist yet.
     #[arg(long, conflicts_with_all = ["create_slot", "start_lsn"])]
     snapshot: bool,
+    /// Backfill TABLE (repeatable; schema.table or table), added to a
+    /// publication after the slot was created: print a consistent copy of
+    /// it first ("snapshot" lines, then "snapshot_end" with the copy's
+    /// consistent point), then stream, leaving out its changes in
+    /// transactions that committed before that point (the copy has them).
+    /// Needs --streaming off and no --two-phase, so that every transaction
+    /// arrives whole, after its commit position is known.
+    #[arg(long = "snapshot-table", value_name = "TABLE", conflicts_with_all = ["snapshot", "two_phase"])]
+    snapshot_tables: Vec<String>,
+    /// Connections copying at once for --snapshot or --snapshot-table, all
+    /// in the same exported snapshot; tables over 128 MiB are split into
+    /// page ranges that they share (14+). Memory stays bounded: about
+    /// 3 MiB of rows per connection in flight.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    snapshot_jobs: u16,
     /// Start here, unless the slot has confirmed a later position.
     #[arg(long, value_parser = parse_lsn)]
     start_lsn: Option<Lsn>,
@@ -103,6 +118,44 @@ pub(crate) struct StreamArgs {
     /// more gives the stream's reader a thread of its own.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub(crate) threads: u16,
+}
+
+impl StreamArgs {
+    /// A combination clap cannot express, as its error message.
+    pub(crate) fn conflict(&self) -> Option<&'static str> {
+        (!self.snapshot_tables.is_empty() && !matches!(self.streaming, StreamingArg::Off)).then_some(
+            "--snapshot-table needs --streaming off: a streamed transaction's changes come before its commit position is known",
+        )
+    }
+}
+
+/// Prints one snapshot row as a "snapshot" line.
+fn snapshot_line(w: &mut impl Write, row: pgwal::snapshot::SnapshotRow<'_>) -> Result<()> {
+    let mut obj = serde_json::Map::new();
+    for (c, v) in row.columns.iter().zip(row.values) {
+        obj.insert(
+            c.clone(),
+            v.map_or(serde_json::Value::Null, serde_json::Value::String),
+        );
+    }
+    let line = serde_json::json!({"type": "snapshot", "schema": row.schema, "table": row.table, "row": obj});
+    writeln!(w, "{line}").map_err(Error::Io)
+}
+
+/// Progress of a copy on stderr, when it is a terminal.
+fn copy_progress() -> impl FnMut(&pgwal::snapshot::CopyProgress) {
+    let tty = std::io::stderr().is_terminal();
+    move |p| {
+        if tty {
+            eprint!(
+                "\rsnapshot: {}/{} pieces, {} rows, last {}\x1b[K",
+                p.pieces_done, p.pieces_total, p.rows, p.table
+            );
+            if p.pieces_done == p.pieces_total {
+                eprintln!();
+            }
+        }
+    }
 }
 
 fn parse_batch_wait(s: &str) -> std::result::Result<f64, String> {
@@ -178,20 +231,35 @@ pub(crate) async fn run(config: Config, a: StreamArgs) -> Result<()> {
             Err(e) => return Err(e),
         }
     }
-    if a.snapshot {
+    // Tables copied at a consistent point, whose changes in transactions
+    // that committed before it are left out of the stream.
+    let mut backfill: Option<(Lsn, Vec<String>)> = None;
+    if a.snapshot || !a.snapshot_tables.is_empty() {
         // Nothing else runs yet, so plain blocking writes to stdout are fine here.
         let stdout = std::io::stdout();
         let mut w = std::io::BufWriter::new(stdout.lock());
         let pubs: Vec<&str> = a.publications.iter().map(String::as_str).collect();
-        let copy = pgwal::snapshot::initial_copy(&config, &a.slot, &pubs, a.two_phase, |row| {
-            let mut obj = serde_json::Map::new();
-            for (c, v) in row.columns.iter().zip(row.values) {
-                obj.insert(c.clone(), v.map_or(serde_json::Value::Null, serde_json::Value::String));
-            }
-            let line = serde_json::json!({"type": "snapshot", "schema": row.schema, "table": row.table, "row": obj});
-            writeln!(w, "{line}").map_err(Error::Io)
-        })
-        .await?;
+        let opts = pgwal::snapshot::CopyOptions::default()
+            .two_phase(a.two_phase)
+            .jobs(usize::from(a.snapshot_jobs));
+        let sink = |row: pgwal::snapshot::SnapshotRow<'_>| snapshot_line(&mut w, row);
+        let copy = if a.snapshot {
+            pgwal::snapshot::initial_copy_with(
+                &config,
+                &a.slot,
+                &pubs,
+                &opts,
+                sink,
+                copy_progress(),
+            )
+            .await?
+        } else {
+            let opts = opts.tables(a.snapshot_tables.iter().cloned());
+            let copy =
+                pgwal::snapshot::table_copy(&config, &pubs, &opts, sink, copy_progress()).await?;
+            backfill = Some((copy.consistent_point, copy.tables.clone()));
+            copy
+        };
         writeln!(
             w,
             "{}",
@@ -265,6 +333,8 @@ pub(crate) async fn run(config: Config, a: StreamArgs) -> Result<()> {
         })
     });
     let consumer_acks = acks_task.is_some();
+    // whether the transaction being read committed before the backfill's point
+    let mut before_backfill = false;
     let mut report = tokio::time::interval(Duration::from_secs(1));
     loop {
         let event = tokio::select! {
@@ -289,9 +359,29 @@ pub(crate) async fn run(config: Config, a: StreamArgs) -> Result<()> {
             }
         };
         let Some(event) = event else { break };
-        let event = event?;
+        let mut event = event?;
         events += 1;
         let t0 = Instant::now();
+        if let Some((point, tables)) = &backfill {
+            let copied = |r: &pgwal::protocol::pgoutput::Relation| {
+                tables.contains(&format!("{}.{}", r.namespace, r.name))
+            };
+            match &mut event {
+                pgwal::Event::Begin(b) => before_backfill = b.final_lsn < *point,
+                pgwal::Event::Insert(c) | pgwal::Event::Update(c) | pgwal::Event::Delete(c)
+                    if before_backfill && copied(&c.relation) =>
+                {
+                    continue;
+                }
+                pgwal::Event::Truncate(t) if before_backfill => {
+                    t.relations.retain(|r| !copied(r));
+                    if t.relations.is_empty() {
+                        continue;
+                    }
+                }
+                _ => {}
+            }
+        }
         if let Some(v) = crate::json::event(&event) {
             line.clear();
             serde_json::to_writer(&mut line, &v).map_err(|e| Error::Io(e.into()))?;

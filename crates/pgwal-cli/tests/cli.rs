@@ -747,3 +747,185 @@ fn help_is_complete() {
         assert!(help.contains(w), "{w} missing from stream --help");
     }
 }
+
+/// `--snapshot-table`: a table added to the publication while writes run
+/// is copied at a consistent point, and its changes that committed before
+/// that point are left out of the stream. Applying both gives the table
+/// exactly: no insert of a row the copy has, no delete of a row it lacks.
+#[test]
+fn snapshot_table_backfills_a_table_added_later() {
+    for (label, bin) in support::servers() {
+        let c = Cluster::start(label, &bin, Options::default());
+        c.psql(
+            "CREATE TABLE a (id int PRIMARY KEY, v text);
+             CREATE TABLE b (id int PRIMARY KEY, v text);
+             INSERT INTO b SELECT g, 'b' || g FROM generate_series(1, 3000) g;
+             CREATE PUBLICATION p FOR TABLE a;",
+        );
+        let (ok, _, err) = pgwal(&c, &["slot", "create", "s"]);
+        assert!(ok, "{label}: {err}");
+        c.psql("INSERT INTO a VALUES (1, 'before'); ALTER PUBLICATION p ADD TABLE b;");
+        let (ok, _, err) = pgwal(
+            &c,
+            &["stream", "-S", "s", "-P", "p", "--snapshot-table", "nosuch"],
+        );
+        assert!(
+            !ok && err.contains("not in the publications"),
+            "{label}: {err}"
+        );
+        let (ok, _, err) = pgwal(
+            &c,
+            &[
+                "stream",
+                "-S",
+                "s",
+                "-P",
+                "p",
+                "--snapshot-table",
+                "b",
+                "--streaming",
+                "on",
+            ],
+        );
+        assert!(!ok && err.contains("--streaming off"), "{label}: {err}");
+        let writer_sql: String = (0..400)
+            .map(|i| {
+                format!(
+                    "INSERT INTO b VALUES ({}, 'new'); UPDATE b SET v = 'u{i}' WHERE id = {}; \
+                     DELETE FROM b WHERE id = {}; SELECT pg_sleep(0.003);\n",
+                    10_000 + i,
+                    1 + 3 * i,
+                    2 + 3 * i
+                )
+            })
+            .collect();
+        let mut psql = c.psql_command();
+        psql.args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null());
+        let writer = std::thread::spawn(move || {
+            let mut child = psql.spawn().unwrap();
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(writer_sql.as_bytes())
+                .unwrap();
+            assert!(child.wait().unwrap().success());
+        });
+        std::thread::sleep(Duration::from_millis(400));
+        let mut child = pgwal_command(&c)
+            .args([
+                "stream",
+                "-S",
+                "s",
+                "-P",
+                "p",
+                "--snapshot-table",
+                "public.b",
+            ])
+            .args(["--snapshot-jobs", "2"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let (tx, rx) = std::sync::mpsc::channel::<Value>();
+        std::thread::spawn(move || {
+            for l in out.lines() {
+                let Ok(l) = l else { break };
+                if tx.send(serde_json::from_str(&l).unwrap()).is_err() {
+                    break;
+                }
+            }
+        });
+        writer.join().unwrap();
+        c.psql("INSERT INTO a VALUES (2, 'marker')");
+        let mut events = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let e = rx
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .unwrap_or_else(|_| panic!("{label}: the marker never came"));
+            let marker = e["type"] == "insert" && e["new"]["v"] == "marker";
+            events.push(e);
+            if marker {
+                break;
+            }
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+
+        let end = events
+            .iter()
+            .position(|e| e["type"] == "snapshot_end")
+            .unwrap_or_else(|| panic!("{label}: no snapshot_end"));
+        assert_eq!(
+            events[end]["tables"],
+            serde_json::json!(["public.b"]),
+            "{label}"
+        );
+        let mut b: std::collections::BTreeMap<i64, String> = events[..end]
+            .iter()
+            .map(|e| {
+                assert_eq!(e["table"], "b", "{label}");
+                (
+                    e["row"]["id"].as_str().unwrap().parse().unwrap(),
+                    e["row"]["v"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        assert_eq!(b.len() as u64, events[end]["rows"].as_u64().unwrap());
+        let (mut streamed, mut a_rows) = (0, 0);
+        for e in &events[end + 1..] {
+            if e["table"] == "a" {
+                a_rows += 1;
+                continue;
+            }
+            if e["table"] != "b" {
+                continue;
+            }
+            streamed += 1;
+            let row = if e["type"] == "delete" {
+                &e["key"]
+            } else {
+                &e["new"]
+            };
+            let id: i64 = row["id"].as_str().unwrap().parse().unwrap();
+            match e["type"].as_str().unwrap() {
+                "insert" => assert!(
+                    b.insert(id, row["v"].as_str().unwrap().to_owned())
+                        .is_none(),
+                    "{label}: insert of {id}, which the copy has"
+                ),
+                "update" => assert!(
+                    b.insert(id, row["v"].as_str().unwrap().to_owned())
+                        .is_some(),
+                    "{label}: update of {id}, which the copy lacks"
+                ),
+                "delete" => assert!(
+                    b.remove(&id).is_some(),
+                    "{label}: delete of {id}, which the copy lacks"
+                ),
+                t => panic!("{label}: {t}"),
+            }
+        }
+        let want: std::collections::BTreeMap<i64, String> = c
+            .psql("SELECT id || '|' || v FROM b")
+            .lines()
+            .map(|l| {
+                let (id, v) = l.split_once('|').unwrap();
+                (id.parse().unwrap(), v.to_owned())
+            })
+            .collect();
+        assert_eq!(b, want, "{label}: copy + stream differ from the table");
+        assert!(
+            a_rows >= 2,
+            "{label}: the published table's changes are missing"
+        );
+        eprintln!(
+            "{label}: {} rows copied at {}, {streamed} changes of b streamed after it",
+            events[end]["rows"], events[end]["consistent_point"]
+        );
+    }
+}

@@ -66,6 +66,8 @@ pub struct ReplicationClient {
     parameters: Vec<(String, String)>,
     backend_pid: i32,
     buf: BytesMut,
+    /// Rows the last `COPY ... TO STDOUT` reported.
+    copy_rows: u64,
 }
 
 impl std::fmt::Debug for ReplicationClient {
@@ -179,6 +181,7 @@ impl ReplicationClient {
             writer: w,
             parameters: info.parameters,
             backend_pid: info.backend_pid,
+            copy_rows: 0,
             buf: BytesMut::new(),
         })
     }
@@ -257,20 +260,38 @@ impl ReplicationClient {
         sql: &str,
         mut f: impl FnMut(&[u8]) -> Result<()>,
     ) -> Result<u64> {
-        self.send_query(sql).await?;
+        self.copy_out_start(sql).await?;
         let mut error = None;
-        let mut rows = 0;
+        while let Some(chunk) = self.copy_out_next().await? {
+            if error.is_none() {
+                if let Err(e) = f(&chunk) {
+                    error = Some(e);
+                }
+            }
+        }
+        match error {
+            Some(e) => Err(e),
+            None => Ok(self.copy_rows),
+        }
+    }
+
+    /// Sends a `COPY ... TO STDOUT` statement; read its data with
+    /// [`copy_out_next`](Self::copy_out_next) until it returns `None`.
+    pub(crate) async fn copy_out_start(&mut self, sql: &str) -> Result<()> {
+        self.copy_rows = 0;
+        self.send_query(sql).await
+    }
+
+    /// The next CopyData chunk of the running COPY, or `None` once the
+    /// server is ready for the next command (the rows it reported are in
+    /// `copy_rows`). A server error is returned after the end is read, so
+    /// the connection stays usable.
+    pub(crate) async fn copy_out_next(&mut self) -> Result<Option<bytes::Bytes>> {
         loop {
             match self.reader.read().await? {
-                Backend::CopyData(d) => {
-                    if error.is_none() {
-                        if let Err(e) = f(&d) {
-                            error = Some(e);
-                        }
-                    }
-                }
+                Backend::CopyData(d) => return Ok(Some(d)),
                 Backend::Other(Message::CommandComplete(c)) => {
-                    rows = c
+                    self.copy_rows = c
                         .tag()?
                         .rsplit(' ')
                         .next()
@@ -278,9 +299,15 @@ impl ReplicationClient {
                         .unwrap_or(0);
                 }
                 Backend::Other(Message::ErrorResponse(b)) => {
-                    error = Some(Error::Db(crate::framing::db_error(b.fields())?));
+                    let e = Error::Db(crate::framing::db_error(b.fields())?);
+                    // read on to ReadyForQuery: the connection stays usable
+                    while !matches!(
+                        self.reader.read().await?,
+                        Backend::Other(Message::ReadyForQuery(_))
+                    ) {}
+                    return Err(e);
                 }
-                Backend::Other(Message::ReadyForQuery(_)) => break,
+                Backend::Other(Message::ReadyForQuery(_)) => return Ok(None),
                 Backend::Other(_) => {}
                 Backend::CopyBothResponse => {
                     return Err(Error::UnexpectedMessage {
@@ -289,10 +316,6 @@ impl ReplicationClient {
                     })
                 }
             }
-        }
-        match error {
-            Some(e) => Err(e),
-            None => Ok(rows),
         }
     }
 

@@ -108,6 +108,11 @@ pub enum Error {
     },
     /// The server asked for an authentication method this client lacks.
     UnsupportedAuthentication(&'static str),
+    /// A table to copy that the publications do not publish.
+    NotPublished {
+        /// The table as given.
+        table: String,
+    },
     /// A feature the server's major version lacks; nothing was sent.
     ServerTooOld {
         /// The feature.
@@ -259,6 +264,10 @@ impl fmt::Display for Error {
             Error::UnsupportedAuthentication(m) => {
                 write!(f, "unsupported authentication method {m}")
             }
+            Error::NotPublished { table } => write!(
+                f,
+                "table {table:?} is not in the publications (ALTER PUBLICATION ... ADD TABLE first); nothing was copied"
+            ),
             Error::ServerTooOld {
                 feature,
                 needs,

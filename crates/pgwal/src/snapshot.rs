@@ -2,15 +2,31 @@
 //! to the stream with no gap and no duplicate.
 //!
 //! [`initial_copy`] creates the slot with an exported snapshot on a
-//! replication connection, imports that snapshot into a `REPEATABLE READ`
-//! transaction on a second (SQL) connection, copies every table of the
-//! publications with `COPY ... TO STDOUT`, and returns the slot's consistent
-//! point. Every change committed before that point is in the copy; every
-//! change after it is streamed by a [`LogicalStream`](crate::LogicalStream)
-//! on the same slot (which starts exactly there).
+//! replication connection, imports that snapshot into `REPEATABLE READ`
+//! transactions on SQL connections ([`CopyOptions::jobs`] of them), copies
+//! the tables of the publications with `COPY ... TO STDOUT`, and returns the
+//! slot's consistent point. Every change committed before that point is in
+//! the copy; every change after it is streamed by a
+//! [`LogicalStream`](crate::LogicalStream) on the same slot (which starts
+//! exactly there).
+//!
+//! [`table_copy`] does the same for tables added to a publication later,
+//! on a temporary slot: the copy holds every transaction that committed
+//! before its consistent point, so the running stream's changes to those
+//! tables in transactions that committed before it are already in the copy.
+
+mod copy_text;
+mod pieces;
+mod publication;
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use tokio::sync::mpsc;
 
 use crate::client::ReplicationClient;
-use crate::commands::{quote_ident, quote_literal, CreateSlotOptions, SlotSnapshot};
+use crate::commands::{quote_literal, CreateSlotOptions, SlotSnapshot};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use pgwal_protocol::Lsn;
@@ -41,56 +57,80 @@ pub struct InitialCopy {
     pub rows: u64,
 }
 
-/// Decodes one field of COPY's text format.
-fn unescape(field: &[u8]) -> Result<Option<String>> {
-    if field == b"\\N" {
-        return Ok(None);
-    }
-    let mut out = Vec::with_capacity(field.len());
-    let mut i = 0;
-    while i < field.len() {
-        let b = field[i];
-        if b != b'\\' || i + 1 == field.len() {
-            out.push(b);
-            i += 1;
-            continue;
-        }
-        let n = field[i + 1];
-        i += 2;
-        match n {
-            b'b' => out.push(8),
-            b'f' => out.push(12),
-            b'n' => out.push(b'\n'),
-            b'r' => out.push(b'\r'),
-            b't' => out.push(b'\t'),
-            b'v' => out.push(11),
-            b'0'..=b'7' => {
-                let mut v = u32::from(n - b'0');
-                let mut k = 0;
-                while k < 2 && i < field.len() && (b'0'..=b'7').contains(&field[i]) {
-                    v = v * 8 + u32::from(field[i] - b'0');
-                    i += 1;
-                    k += 1;
-                }
-                out.push(v as u8);
-            }
-            b'x' => {
-                let mut v = 0u32;
-                let mut k = 0;
-                while k < 2 && i < field.len() && field[i].is_ascii_hexdigit() {
-                    v = v * 16 + (field[i] as char).to_digit(16).unwrap_or(0);
-                    i += 1;
-                    k += 1;
-                }
-                out.push(v as u8);
-            }
-            other => out.push(other),
+/// How to copy: parallel connections, chunk size, which tables.
+///
+/// ```
+/// let opts = pgwal::snapshot::CopyOptions::default().jobs(4).tables(["public.orders"]);
+/// assert_eq!(opts.jobs, 4);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CopyOptions {
+    /// Create the slot with two-phase decoding ([`initial_copy_with`]).
+    pub two_phase: bool,
+    /// Connections copying at once, all in the same exported snapshot
+    /// (default 1). Rows of one table then arrive in no particular order.
+    pub jobs: usize,
+    /// A table of more than this many pages is copied in page ranges of
+    /// this size, which the jobs share (default 16384: 128 MiB of 8 kB
+    /// pages; 0: whole tables only). Needs 14+ (TID range scans).
+    pub chunk_pages: u32,
+    /// Only these published tables (`schema.table`, or `table` in any
+    /// schema); `None`: all. Naming a table the publications do not
+    /// publish is [`Error::NotPublished`].
+    pub tables: Option<Vec<String>>,
+}
+
+impl Default for CopyOptions {
+    fn default() -> Self {
+        CopyOptions {
+            two_phase: false,
+            jobs: 1,
+            chunk_pages: 16_384,
+            tables: None,
         }
     }
-    String::from_utf8(out).map(Some).map_err(|_| Error::Column {
-        column: "COPY field".into(),
-        reason: "not UTF-8".into(),
-    })
+}
+
+impl CopyOptions {
+    /// Sets `two_phase`.
+    pub fn two_phase(mut self, v: bool) -> Self {
+        self.two_phase = v;
+        self
+    }
+    /// Sets `jobs` (at least 1).
+    pub fn jobs(mut self, v: usize) -> Self {
+        self.jobs = v.max(1);
+        self
+    }
+    /// Sets `chunk_pages`.
+    pub fn chunk_pages(mut self, v: u32) -> Self {
+        self.chunk_pages = v;
+        self
+    }
+    /// Sets `tables`.
+    pub fn tables<I, S>(mut self, v: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.tables = Some(v.into_iter().map(Into::into).collect());
+        self
+    }
+}
+
+/// How far a copy is, after each piece (a table, or a page range of one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CopyProgress {
+    /// Pieces copied.
+    pub pieces_done: usize,
+    /// Pieces in all.
+    pub pieces_total: usize,
+    /// Rows handed to the sink so far.
+    pub rows: u64,
+    /// The table of the piece just finished, as `schema.table`.
+    pub table: String,
 }
 
 /// Creates `slot` (pgoutput) with an exported snapshot, copies the tables of
@@ -118,14 +158,28 @@ pub async fn initial_copy(
     slot: &str,
     publications: &[&str],
     two_phase: bool,
-    mut sink: impl FnMut(SnapshotRow<'_>) -> Result<()>,
+    sink: impl FnMut(SnapshotRow<'_>) -> Result<()>,
+) -> Result<InitialCopy> {
+    let opts = CopyOptions::default().two_phase(two_phase);
+    initial_copy_with(config, slot, publications, &opts, sink, |_| {}).await
+}
+
+/// [`initial_copy`] with [`CopyOptions`] (parallel jobs, chunks, a subset
+/// of the tables) and a `progress` callback, called after each piece.
+pub async fn initial_copy_with(
+    config: &Config,
+    slot: &str,
+    publications: &[&str],
+    opts: &CopyOptions,
+    sink: impl FnMut(SnapshotRow<'_>) -> Result<()>,
+    progress: impl FnMut(&CopyProgress),
 ) -> Result<InitialCopy> {
     let mut repl = ReplicationClient::connect(config).await?;
     let info = repl
         .create_logical_slot(
             slot,
             &CreateSlotOptions::new()
-                .two_phase(two_phase)
+                .two_phase(opts.two_phase)
                 .snapshot(SlotSnapshot::Export),
         )
         .await?;
@@ -133,199 +187,140 @@ pub async fn initial_copy(
         .snapshot_name
         .clone()
         .ok_or(Error::BadResult("CREATE_REPLICATION_SLOT snapshot"))?;
-    let result = async {
-        let mut sql = ReplicationClient::connect_sql(config).await?;
-        sql.simple_query(&format!(
-            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT {}",
-            quote_literal(&snapshot)
-        ))
-        .await?;
-        let pubs: Vec<String> = publications.iter().map(|p| quote_literal(p)).collect();
-        let major = sql.server_major_version().unwrap_or(10);
-        let tables = published_tables(&mut sql, &pubs, major).await?;
-        let mut copied = InitialCopy {
-            consistent_point: info.consistent_point,
-            tables: Vec::new(),
-            rows: 0,
-        };
-        for t in &tables {
-            let (schema, table) = (t.schema.clone(), t.table.clone());
-            let qualified = format!("{}.{}", quote_ident(&schema), quote_ident(&table));
-            let columns = match &t.columns {
-                Some(c) => c.clone(),
-                None => sql
-                    .simple_query(&format!(
-                        "SELECT attname FROM pg_catalog.pg_attribute WHERE attrelid = {}::regclass \
-                         AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
-                        quote_literal(&qualified)
-                    ))
-                    .await?
-                    .iter()
-                    .map(|r| r.get_index(0).unwrap_or_default().to_owned())
-                    .collect(),
-            };
-            let cols: Vec<String> = columns.iter().map(|c| quote_ident(c)).collect();
-            // COPY of a table as is where it can; a query where the
-            // publication filters rows or the table is a partitioned root
-            // (COPY refuses those)
-            let copy = match (&t.row_filter, t.partitioned) {
-                (None, false) => format!("COPY {qualified} ({}) TO STDOUT", cols.join(", ")),
-                (filter, _) => format!(
-                    "COPY (SELECT {} FROM {qualified}{}) TO STDOUT",
-                    cols.join(", "),
-                    filter
-                        .as_ref()
-                        .map(|f| format!(" WHERE {f}"))
-                        .unwrap_or_default()
-                ),
-            };
-            let mut partial: Vec<u8> = Vec::new();
-            let mut handle_line = |line: &[u8]| -> Result<()> {
-                let values = line
-                    .split(|b| *b == b'\t')
-                    .map(unescape)
-                    .collect::<Result<Vec<_>>>()?;
-                sink(SnapshotRow {
-                    schema: &schema,
-                    table: &table,
-                    columns: &columns,
-                    values,
-                })
-            };
-            let n = sql
-                .copy_out(&copy, |chunk| {
-                    partial.extend_from_slice(chunk);
-                    while let Some(p) = partial.iter().position(|b| *b == b'\n') {
-                        let line: Vec<u8> = partial.drain(..=p).collect();
-                        handle_line(&line[..line.len() - 1])?;
-                    }
-                    Ok(())
-                })
-                .await?;
-            copied.rows += n;
-            copied.tables.push(format!("{schema}.{table}"));
-        }
-        sql.simple_query("COMMIT").await?;
-        Ok::<_, Error>(copied)
-    }
+    let result = copy_in_snapshot(
+        config,
+        &snapshot,
+        info.consistent_point,
+        publications,
+        opts,
+        sink,
+        progress,
+    )
     .await;
-    match result {
-        Ok(c) => Ok(c),
-        Err(e) => {
-            let _ = repl.drop_slot(slot, false).await;
-            Err(e)
-        }
+    if result.is_err() {
+        let _ = repl.drop_slot(slot, false).await;
     }
+    result
 }
 
-/// A table as the publications publish it.
-struct PublishedTable {
-    schema: String,
-    table: String,
-    /// The published columns, when a publication lists them (15+).
-    columns: Option<Vec<String>>,
-    /// The rows published: the publications' filters OR-ed (15+).
-    row_filter: Option<String>,
-    /// A partitioned table (published via its root).
-    partitioned: bool,
-}
-
-/// What the publications publish of each table, combined as the server's
-/// own table synchronization does: a table in several publications gets
-/// the union of their column lists (all columns if one has none) and the
-/// OR of their row filters (no filter if one has none).
-/// `pg_publication_tables` already lists partitions or their root as
-/// `publish_via_partition_root` says.
-async fn published_tables(
-    sql: &mut ReplicationClient,
-    pubs: &[String],
-    major: u32,
-) -> Result<Vec<PublishedTable>> {
-    let extra = if major >= 15 {
-        "pg_catalog.array_to_json(t.attnames)::text, t.rowfilter"
-    } else {
-        "NULL::text, NULL::text"
-    };
-    let rows = sql
-        .simple_query(&format!(
-            "SELECT t.schemaname, t.tablename, {extra}, c.relkind = 'p' \
-             FROM pg_catalog.pg_publication_tables t \
-             JOIN pg_catalog.pg_namespace n ON n.nspname = t.schemaname \
-             JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename \
-             WHERE t.pubname IN ({}) ORDER BY 1, 2",
-            pubs.join(", ")
-        ))
+/// Copies published tables (usually [`CopyOptions::tables`], added to a
+/// publication after the stream began) as of a new consistent point, on a
+/// temporary slot that ends with the copy; returns that point.
+///
+/// A stream already running on the publication delivers changes of those
+/// tables from the transaction that added them on. Those of transactions
+/// that committed before the returned point (their `Begin::final_lsn` is
+/// below it) are already in the copy and must be skipped; the rest apply
+/// on top of it. `pgwal stream --snapshot-table` does exactly that.
+pub async fn table_copy(
+    config: &Config,
+    publications: &[&str],
+    opts: &CopyOptions,
+    sink: impl FnMut(SnapshotRow<'_>) -> Result<()>,
+    progress: impl FnMut(&CopyProgress),
+) -> Result<InitialCopy> {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let mut repl = ReplicationClient::connect(config).await?;
+    let name = format!(
+        "pgwal_copy_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
+    let info = repl
+        .create_logical_slot(
+            &name,
+            &CreateSlotOptions::new()
+                .temporary(true)
+                .snapshot(SlotSnapshot::Export),
+        )
         .await?;
-    let mut out: Vec<PublishedTable> = Vec::new();
-    let mut unfiltered: Vec<bool> = Vec::new();
-    for r in &rows {
-        let schema = r.get_index(0).unwrap_or_default().to_owned();
-        let table = r.get_index(1).unwrap_or_default().to_owned();
-        // attnames lists every published column (15+), in column order
-        let cols: Option<Vec<String>> = r
-            .get_index(2)
-            .map(|j| {
-                serde_json::from_str(j).map_err(|e| Error::Column {
-                    column: "pg_publication_tables.attnames".into(),
-                    reason: e.to_string(),
-                })
-            })
-            .transpose()?;
-        let filter = r.get_index(3).map(str::to_owned);
-        let partitioned = r.get_index(4) == Some("t");
-        match out
-            .iter()
-            .position(|t| t.schema == schema && t.table == table)
-        {
-            None => {
-                out.push(PublishedTable {
-                    schema,
-                    table,
-                    columns: cols,
-                    row_filter: filter.as_ref().map(|f| format!("({f})")),
-                    partitioned,
-                });
-                unfiltered.push(filter.is_none());
-            }
-            Some(i) => {
-                let t = &mut out[i];
-                if let (Some(have), Some(more)) = (&mut t.columns, cols) {
-                    for c in more {
-                        if !have.contains(&c) {
-                            have.push(c);
-                        }
-                    }
-                }
-                match filter {
-                    None => unfiltered[i] = true,
-                    Some(f) => {
-                        if let Some(have) = &mut t.row_filter {
-                            have.push_str(&format!(" OR ({f})"));
-                        }
-                    }
-                }
-            }
-        }
-    }
-    for (i, t) in out.iter_mut().enumerate() {
-        if unfiltered[i] {
-            t.row_filter = None;
-        }
-    }
-    Ok(out)
+    let snapshot = info
+        .snapshot_name
+        .clone()
+        .ok_or(Error::BadResult("CREATE_REPLICATION_SLOT snapshot"))?;
+    // the temporary slot goes with this connection, after the copy
+    copy_in_snapshot(
+        config,
+        &snapshot,
+        info.consistent_point,
+        publications,
+        opts,
+        sink,
+        progress,
+    )
+    .await
 }
 
-#[cfg(test)]
-mod tests {
-    use super::unescape;
-
-    #[test]
-    fn copy_text_fields() {
-        assert_eq!(unescape(b"\\N").unwrap(), None);
-        assert_eq!(
-            unescape(b"a\\tb\\\\c\\nd").unwrap().as_deref(),
-            Some("a\tb\\c\nd")
-        );
-        assert_eq!(unescape(b"\\101\\x42").unwrap().as_deref(), Some("AB"));
+/// The copy itself, while the exporting replication connection stays idle.
+async fn copy_in_snapshot(
+    config: &Config,
+    snapshot: &str,
+    consistent_point: Lsn,
+    publications: &[&str],
+    opts: &CopyOptions,
+    mut sink: impl FnMut(SnapshotRow<'_>) -> Result<()>,
+    mut progress: impl FnMut(&CopyProgress),
+) -> Result<InitialCopy> {
+    let mut sql = ReplicationClient::connect_sql(config).await?;
+    pieces::begin_in(&mut sql, snapshot).await?;
+    let pubs: Vec<String> = publications.iter().map(|p| quote_literal(p)).collect();
+    let major = sql.server_major_version().unwrap_or(10);
+    let mut tables = publication::published_tables(&mut sql, &pubs, major).await?;
+    if let Some(want) = &opts.tables {
+        let named = |t: &publication::PublishedTable, w: &str| {
+            w == t.table || w == format!("{}.{}", t.schema, t.table)
+        };
+        if let Some(w) = want.iter().find(|w| !tables.iter().any(|t| named(t, w))) {
+            return Err(Error::NotPublished { table: w.clone() });
+        }
+        tables.retain(|t| want.iter().any(|w| named(t, w)));
     }
+    let (columns, plan) = pieces::plan(&mut sql, &tables, opts.chunk_pages, major).await?;
+    let total = plan.len();
+    let jobs = opts.jobs.clamp(1, total.max(1));
+    let queue = Mutex::new(VecDeque::from(plan));
+    let (tx, mut rx) = mpsc::channel::<pieces::Batch>(2 * jobs);
+    let mut first = Some(sql);
+    let workers = futures_util::future::try_join_all(
+        (0..jobs).map(|_| pieces::work(first.take(), config, snapshot, &queue, tx.clone())),
+    );
+    drop(tx);
+    let names: Vec<String> = tables
+        .iter()
+        .map(|t| format!("{}.{}", t.schema, t.table))
+        .collect();
+    let consume = async {
+        let (mut rows, mut done) = (0u64, 0usize);
+        while let Some(b) = rx.recv().await {
+            let t = &tables[b.table];
+            for values in b.rows {
+                sink(SnapshotRow {
+                    schema: &t.schema,
+                    table: &t.table,
+                    columns: &columns[b.table],
+                    values,
+                })?;
+                rows += 1;
+            }
+            if b.piece_done {
+                done += 1;
+                progress(&CopyProgress {
+                    pieces_done: done,
+                    pieces_total: total,
+                    rows,
+                    table: names[b.table].clone(),
+                });
+            }
+        }
+        Ok::<_, Error>(rows)
+    };
+    // a failing sink drops the receiver, which stops the workers
+    let (copied, rows) = tokio::join!(workers, consume);
+    let rows = rows?;
+    copied?;
+    Ok(InitialCopy {
+        consistent_point,
+        tables: names,
+        rows,
+    })
 }

@@ -12,6 +12,17 @@ use support::{block_on, config, Cluster, Options};
 
 #[test]
 fn snapshot_then_stream_equals_table() {
+    snapshot_then_stream(1, 16_384);
+}
+
+/// The same with three connections sharing page ranges of 4 pages: rows of
+/// one table come from several connections in one snapshot.
+#[test]
+fn parallel_chunked_snapshot_then_stream_equals_table() {
+    snapshot_then_stream(3, 4);
+}
+
+fn snapshot_then_stream(jobs: usize, chunk_pages: u32) {
     for (label, bin) in support::servers() {
         let c = Cluster::start(label, &bin, Options::default());
         c.psql(
@@ -53,16 +64,35 @@ fn snapshot_then_stream_equals_table() {
             let cfg = config(&c, "postgres");
             // table -> id -> v
             let mut state: BTreeMap<String, BTreeMap<i32, String>> = BTreeMap::new();
-            let copy = pgwal::snapshot::initial_copy(&cfg, "snap", &["p"], false, |row| {
-                let id: i32 = row.values[0].as_deref().unwrap().parse().unwrap();
-                state
-                    .entry(row.table.to_owned())
-                    .or_default()
-                    .insert(id, row.values[1].clone().unwrap());
-                Ok(())
-            })
+            let opts = pgwal::snapshot::CopyOptions::default()
+                .jobs(jobs)
+                .chunk_pages(chunk_pages);
+            let mut pieces = (0, 0);
+            let copy = pgwal::snapshot::initial_copy_with(
+                &cfg,
+                "snap",
+                &["p"],
+                &opts,
+                |row| {
+                    let id: i32 = row.values[0].as_deref().unwrap().parse().unwrap();
+                    let again = state
+                        .entry(row.table.to_owned())
+                        .or_default()
+                        .insert(id, row.values[1].clone().unwrap());
+                    assert!(again.is_none(), "{label}: row {id} copied twice");
+                    Ok(())
+                },
+                |p| pieces = (p.pieces_done, p.pieces_total),
+            )
             .await
             .unwrap();
+            assert_eq!(pieces.0, pieces.1, "{label}");
+            if chunk_pages < 16 && c.major >= 14 {
+                assert!(
+                    pieces.1 > 4,
+                    "{label}: table a was not cut into ranges: {pieces:?}"
+                );
+            }
             assert_eq!(copy.tables, ["public.a", "public.b"]);
             writer.join().unwrap();
             let end: Lsn = c
@@ -132,8 +162,9 @@ fn snapshot_then_stream_equals_table() {
                 );
             }
             eprintln!(
-                "{label}: copied {} rows at {}, then streamed the rest; contents match",
-                copy.rows, copy.consistent_point
+                "{label}: copied {} rows at {} ({} pieces, {jobs} jobs), then streamed the rest; \
+                 contents match",
+                copy.rows, copy.consistent_point, pieces.1
             );
         });
     }
