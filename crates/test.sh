@@ -55,6 +55,25 @@ if cargo clippy --version >/dev/null 2>&1; then
 fi
 cargo test "${packages[@]}" 2>&1
 
+# The library builds on a non-Unix target (Unix-domain sockets and the
+# receive low-water mark are Unix-only): cargo check for Windows, with the
+# MinGW C compiler that ring's build script needs.
+if rustup target list --installed 2>/dev/null | grep -qx x86_64-pc-windows-gnu ||
+	rustup target add x86_64-pc-windows-gnu >/dev/null 2>&1; then
+	if ! command -v x86_64-w64-mingw32-gcc >/dev/null; then
+		echo "test.sh: installing gcc-mingw-w64-x86-64 for the Windows check"
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q gcc-mingw-w64-x86-64 >/dev/null || true
+	fi
+	if command -v x86_64-w64-mingw32-gcc >/dev/null; then
+		cargo check -q -p pgwal-protocol -p pgwal --target x86_64-pc-windows-gnu
+		echo "test.sh: the library builds for x86_64-pc-windows-gnu"
+	else
+		echo "test.sh: NOTICE: no MinGW compiler; the non-Unix build check is skipped"
+	fi
+else
+	echo "test.sh: NOTICE: no x86_64-pc-windows-gnu target; the non-Unix build check is skipped"
+fi
+
 # The installed command (crates/README.md: cargo install --path crates/pgwal-cli).
 # --debug with the workspace's target directory reuses what the tests built;
 # a user's install builds the release profile the same way.

@@ -11,11 +11,12 @@
 //! queue and signals at once if data is waiting (Linux 4.18 and later),
 //! which is how a bounded wait ends.
 //!
-//! Used only where that re-check exists: Linux ≥ 4.18. Elsewhere, and for
-//! Unix-domain sockets, [`LowWater::for_socket`] returns `None` and the
-//! reader reads eagerly.
+//! Used only where that re-check exists: Linux ≥ 4.18. Elsewhere (non-Unix
+//! targets included), and for Unix-domain sockets,
+//! [`LowWater::for_socket`] returns `None` and the reader reads eagerly.
 #![allow(unsafe_code)]
 
+#[cfg(unix)]
 use std::os::fd::{AsFd, OwnedFd};
 
 /// A socket's receive low-water mark, remembered to skip redundant calls.
@@ -24,6 +25,7 @@ pub(crate) struct LowWater {
     /// A duplicate of the socket's descriptor: socket options are shared
     /// between duplicates, and owning it keeps the descriptor valid for
     /// as long as this value lives, whoever closes the original.
+    #[cfg(unix)]
     #[cfg_attr(not(any(target_os = "linux", target_os = "android")), allow(dead_code))]
     fd: OwnedFd,
     current: i32,
@@ -32,12 +34,19 @@ pub(crate) struct LowWater {
 impl LowWater {
     /// The mark of a TCP socket, or `None` where lowering the mark would not
     /// wake a reader that has data queued (so a batched wait could stall).
+    #[cfg(unix)]
     pub(crate) fn for_socket(socket: &impl AsFd) -> Option<LowWater> {
         if !supported() {
             return None;
         }
         let fd = socket.as_fd().try_clone_to_owned().ok()?;
         Some(LowWater { fd, current: 1 })
+    }
+
+    /// Never on a non-Unix target.
+    #[cfg(not(unix))]
+    pub(crate) fn for_socket<S>(_socket: &S) -> Option<LowWater> {
+        None
     }
 
     /// Whether the mark is above one byte.
@@ -96,7 +105,7 @@ fn supported() -> bool {
     })
 }
 
-#[cfg(not(any(target_os = "linux", target_os = "android")))]
+#[cfg(all(unix, not(any(target_os = "linux", target_os = "android"))))]
 fn supported() -> bool {
     false
 }

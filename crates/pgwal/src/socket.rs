@@ -3,7 +3,9 @@
 use bytes::BytesMut;
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpStream, UnixStream};
+use tokio::net::TcpStream;
+#[cfg(unix)]
+use tokio::net::UnixStream;
 use tokio_rustls::TlsConnector;
 
 use crate::config::{Config, SslMode};
@@ -77,6 +79,17 @@ async fn handshake(
 
 /// Connects and negotiates TLS (never over a Unix-domain socket, as libpq).
 pub(crate) async fn connect(config: &Config) -> Result<Transport> {
+    #[cfg(not(unix))]
+    if let Some(path) = config.unix_socket() {
+        return Err(Error::Io(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            format!(
+                "{}: Unix-domain sockets are not available on this platform; use a TCP host",
+                path.display()
+            ),
+        )));
+    }
+    #[cfg(unix)]
     if let Some(path) = config.unix_socket() {
         let s = with_timeout(config, UnixStream::connect(&path))
             .await

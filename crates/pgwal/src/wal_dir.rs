@@ -13,6 +13,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+#[cfg(unix)]
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -22,6 +23,28 @@ use pgwal_protocol::Lsn;
 use crate::error::{Error, Result};
 
 /// Where streaming resumes: the timeline and the position (a segment start).
+/// `pwrite` of all of `buf` at `offset` where the platform has one.
+#[cfg(not(unix))]
+trait WriteAllAt {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()>;
+}
+
+#[cfg(windows)]
+impl WriteAllAt for File {
+    fn write_all_at(&self, mut buf: &[u8], mut offset: u64) -> std::io::Result<()> {
+        use std::os::windows::fs::FileExt;
+        while !buf.is_empty() {
+            let n = self.seek_write(buf, offset)?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            buf = &buf[n..];
+            offset += n as u64;
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ResumePoint {
     pub(crate) timeline: u32,
