@@ -46,7 +46,7 @@ if [ ! -x "$pg17/postgres" ]; then
 	echo "test.sh: NOTICE: no PostgreSQL 17 in $pg17; its integration tests are skipped"
 fi
 
-packages=(-p pgwal-protocol -p pgwal -p pgwal-cli)
+packages=(-p pgwal-protocol -p pgwal -p pgwal-cli -p pgwal-kafka)
 if cargo fmt --version >/dev/null 2>&1; then
 	cargo fmt --all -- --check
 fi

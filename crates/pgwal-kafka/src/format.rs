@@ -1,0 +1,369 @@
+//! Kafka records for row changes: topic, key (the replica identity) and
+//! value, in pgwal's JSON or in Debezium's envelope.
+
+mod debezium;
+mod temporal;
+
+use pgwal::protocol::pgoutput::{ColumnValue, Relation};
+use pgwal::{Event, Row};
+use pgwal_protocol::{Lsn, PgTimestamp};
+use serde_json::{json, Map, Value};
+
+use crate::routing::{Routing, RoutingError};
+
+/// How numeric values are written in the Debezium format, as Debezium's
+/// `decimal.handling.mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum DecimalMode {
+    /// Debezium's default: the unscaled value as big-endian two's-complement
+    /// bytes in base64 (Kafka Connect's `Decimal`); a `numeric` without a
+    /// declared scale as `{"scale": s, "value": base64}`
+    /// (`VariableScaleDecimal`). `NaN` and infinities become null.
+    #[default]
+    Precise,
+    /// The exact decimal text.
+    String,
+    /// A JSON number (f64; may round).
+    Double,
+}
+
+/// The value format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Format {
+    /// pgwal's own JSON: the change as `pgwal stream` prints it, values as
+    /// the server's text, plus the transaction's `xid`, `commit_lsn`,
+    /// `end_lsn` and `commit_time`.
+    Pgwal,
+    /// The envelope of Debezium's PostgreSQL connector, as its JSON
+    /// converter writes it with `schemas.enable=false`: `before`, `after`,
+    /// `source`, `op`, `ts_ms`.
+    Debezium {
+        /// `source.name` (Debezium's `topic.prefix`).
+        server_name: String,
+        /// `source.db`.
+        database: String,
+        /// Numeric values.
+        decimal: DecimalMode,
+        /// A record with a null value after each delete (for log compaction).
+        tombstones: bool,
+    },
+}
+
+/// The transaction a change belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TxInfo {
+    /// Its xid.
+    pub xid: u32,
+    /// Its commit record's position.
+    pub commit_lsn: Lsn,
+    /// The position after its commit record (what the slot is acked with).
+    pub end_lsn: Lsn,
+    /// Its commit time.
+    pub commit_time: PgTimestamp,
+}
+
+impl TxInfo {
+    /// A transaction's description.
+    pub fn new(xid: u32, commit_lsn: Lsn, end_lsn: Lsn, commit_time: PgTimestamp) -> TxInfo {
+        TxInfo {
+            xid,
+            commit_lsn,
+            end_lsn,
+            commit_time,
+        }
+    }
+}
+
+/// One Kafka record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Record {
+    /// The topic.
+    pub topic: String,
+    /// The key: the replica identity's columns as a JSON object; `None` for
+    /// a table without one and for truncates.
+    pub key: Option<Vec<u8>>,
+    /// The value; `None` for a tombstone.
+    pub value: Option<Vec<u8>>,
+}
+
+/// A change that cannot be written faithfully.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FormatError {
+    /// No valid topic for the table.
+    #[error(transparent)]
+    Routing(#[from] RoutingError),
+    /// A value that does not decode as its type.
+    #[error("{table}.{column}: {source}")]
+    Value {
+        /// `schema.table`.
+        table: String,
+        /// The column.
+        column: String,
+        /// Why.
+        source: Box<pgwal::Error>,
+    },
+    /// An update whose unchanged TOAST value the server did not send: the
+    /// new row is incomplete, and a placeholder would be written into every
+    /// destination. Use `REPLICA IDENTITY FULL` on the table, or the
+    /// stream's TOAST cache (`StreamConfig::toast_cache_rows`).
+    #[error(
+        "{table}.{column}: unchanged TOAST value not sent by the server; set REPLICA IDENTITY FULL \
+         on the table or enable the stream's TOAST cache, rather than write a placeholder"
+    )]
+    UnchangedToast {
+        /// `schema.table`.
+        table: String,
+        /// The column.
+        column: String,
+    },
+}
+
+fn qualified(r: &Relation) -> String {
+    format!("{}.{}", r.namespace, r.name)
+}
+
+/// The replica identity's columns of `row` as a JSON object (text values
+/// for [`Format::Pgwal`], Debezium's types otherwise); `None` when the
+/// table has no identity columns or one of them is missing.
+fn key_object(format: &Format, row: &Row) -> Result<Option<Value>, FormatError> {
+    let mut m = Map::new();
+    for (col, v) in row.iter().filter(|(c, _)| c.is_key()) {
+        if matches!(v, ColumnValue::Null | ColumnValue::UnchangedToast) {
+            return Ok(None);
+        }
+        m.insert(
+            col.name.clone(),
+            column_value(format, row.relation(), col, v)?,
+        );
+    }
+    Ok((!m.is_empty()).then_some(Value::Object(m)))
+}
+
+fn column_value(
+    format: &Format,
+    rel: &Relation,
+    col: &pgwal::protocol::pgoutput::RelationColumn,
+    v: &ColumnValue,
+) -> Result<Value, FormatError> {
+    match format {
+        Format::Pgwal => Ok(match v {
+            ColumnValue::Null => Value::Null,
+            ColumnValue::Text(b) => Value::String(String::from_utf8_lossy(b).into_owned()),
+            ColumnValue::UnchangedToast => {
+                return Err(FormatError::UnchangedToast {
+                    table: qualified(rel),
+                    column: col.name.clone(),
+                })
+            }
+            // binary mode: the bytes in hex, as `pgwal stream` prints them
+            ColumnValue::Binary(b) => {
+                let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+                Value::String(format!("\\x{hex}"))
+            }
+            _ => Value::Null,
+        }),
+        Format::Debezium { decimal, .. } => {
+            if matches!(v, ColumnValue::UnchangedToast) {
+                return Err(FormatError::UnchangedToast {
+                    table: qualified(rel),
+                    column: col.name.clone(),
+                });
+            }
+            debezium::value(col, v, *decimal).map_err(|source| FormatError::Value {
+                table: qualified(rel),
+                column: col.name.clone(),
+                source: Box::new(source),
+            })
+        }
+    }
+}
+
+fn row_object(format: &Format, row: &Row) -> Result<Value, FormatError> {
+    let mut m = Map::new();
+    for (col, v) in row.iter() {
+        m.insert(
+            col.name.clone(),
+            column_value(format, row.relation(), col, v)?,
+        );
+    }
+    Ok(Value::Object(m))
+}
+
+fn bytes(v: &Value) -> Vec<u8> {
+    serde_json::to_vec(v).expect("a JSON value serializes")
+}
+
+/// The records for one event of a transaction: one per row change (a
+/// Debezium update that changes the key gives a delete of the old key, its
+/// tombstone if asked for, and a create of the new one), one per table of a
+/// truncate, none for other events. `now` becomes Debezium's top-level
+/// `ts_ms`.
+///
+/// ```
+/// use pgwal_kafka::{encode, Format, Routing, TxInfo};
+/// # fn f(event: &pgwal::Event) -> Result<(), Box<dyn std::error::Error>> {
+/// let routing = Routing::new("app", "{prefix}.{schema}.{table}")?;
+/// let tx = TxInfo::new(740, "0/16B3748".parse()?, "0/16B3778".parse()?, pgwal::protocol::PgTimestamp::now());
+/// for r in encode(&Format::Pgwal, &routing, &tx, event, pgwal::protocol::PgTimestamp::now())? {
+///     println!("{} {:?}", r.topic, r.value.map(String::from_utf8));
+/// }
+/// # Ok(()) }
+/// ```
+pub fn encode(
+    format: &Format,
+    routing: &Routing,
+    tx: &TxInfo,
+    event: &Event,
+    now: PgTimestamp,
+) -> Result<Vec<Record>, FormatError> {
+    let (op, change) = match event {
+        Event::Insert(c) => ("c", c),
+        Event::Update(c) => ("u", c),
+        Event::Delete(c) => ("d", c),
+        Event::Truncate(t) => {
+            return t
+                .relations
+                .iter()
+                .map(|r| {
+                    let value = match format {
+                        Format::Pgwal => pgwal_envelope("truncate", r, tx, None, None, None),
+                        Format::Debezium { .. } => {
+                            debezium::envelope(format, "t", r, tx, Value::Null, Value::Null, now)
+                        }
+                    };
+                    Ok(Record {
+                        topic: routing.topic(&r.namespace, &r.name)?,
+                        key: None,
+                        value: Some(bytes(&value)),
+                    })
+                })
+                .collect();
+        }
+        _ => return Ok(Vec::new()),
+    };
+    let rel = &change.relation;
+    let topic = routing.topic(&rel.namespace, &rel.name)?;
+    let new_key = change
+        .new
+        .as_ref()
+        .map(|r| key_object(format, r))
+        .transpose()?
+        .flatten();
+    let old_key = change
+        .old
+        .as_ref()
+        .map(|r| key_object(format, r))
+        .transpose()?
+        .flatten();
+    let key = if op == "d" {
+        old_key.clone()
+    } else {
+        new_key.clone()
+    };
+    let before = change
+        .old
+        .as_ref()
+        .map(|r| row_object(format, r))
+        .transpose()?;
+    let after = change
+        .new
+        .as_ref()
+        .map(|r| row_object(format, r))
+        .transpose()?;
+    let tombstones = matches!(
+        format,
+        Format::Debezium {
+            tombstones: true,
+            ..
+        }
+    );
+    let mut out = Vec::new();
+    let record = |op: &str, key: &Option<Value>, before: Option<Value>, after: Option<Value>| {
+        let value = match format {
+            Format::Pgwal => pgwal_envelope(
+                match op {
+                    "c" => "insert",
+                    "u" => "update",
+                    _ => "delete",
+                },
+                rel,
+                tx,
+                key.clone(),
+                before.filter(|_| !change.old_is_key),
+                after,
+            ),
+            Format::Debezium { .. } => debezium::envelope(
+                format,
+                op,
+                rel,
+                tx,
+                before.unwrap_or(Value::Null),
+                after.unwrap_or(Value::Null),
+                now,
+            ),
+        };
+        Record {
+            topic: topic.clone(),
+            key: key.as_ref().map(bytes),
+            value: Some(bytes(&value)),
+        }
+    };
+    let key_changed = op == "u" && old_key.is_some() && old_key != new_key;
+    if key_changed && matches!(format, Format::Debezium { .. }) {
+        // Debezium: a key change is a delete of the old key and a create
+        out.push(record("d", &old_key, before, None));
+        if tombstones {
+            out.push(Record {
+                topic: topic.clone(),
+                key: old_key.as_ref().map(bytes),
+                value: None,
+            });
+        }
+        out.push(record("c", &new_key, None, after));
+        return Ok(out);
+    }
+    out.push(record(op, &key, before, after));
+    if op == "d" && tombstones && key.is_some() {
+        out.push(Record {
+            topic,
+            key: key.as_ref().map(bytes),
+            value: None,
+        });
+    }
+    Ok(out)
+}
+
+/// pgwal's JSON: the change as `pgwal stream` prints it, with its transaction.
+fn pgwal_envelope(
+    kind: &str,
+    rel: &Relation,
+    tx: &TxInfo,
+    key: Option<Value>,
+    old: Option<Value>,
+    new: Option<Value>,
+) -> Value {
+    let mut o = json!({
+        "type": kind,
+        "schema": rel.namespace,
+        "table": rel.name,
+        "xid": tx.xid,
+        "commit_lsn": tx.commit_lsn.to_string(),
+        "end_lsn": tx.end_lsn.to_string(),
+        "commit_time": tx.commit_time.to_iso8601(),
+    });
+    if let Some(k) = key {
+        o["key"] = k;
+    }
+    if let Some(v) = old {
+        o["old"] = v;
+    }
+    if let Some(v) = new {
+        o["new"] = v;
+    }
+    o
+}
