@@ -79,7 +79,6 @@ impl TxInfo {
 
 /// One Kafka record.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct Record {
     /// The topic.
     pub topic: String,

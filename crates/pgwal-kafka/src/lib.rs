@@ -4,13 +4,17 @@
 //! records: which topic ([`routing`]), which key (the row's replica
 //! identity) and which value ([`mod@format`]: pgwal's own JSON, or the envelope
 //! Debezium's PostgreSQL connector writes, so that Kafka Connect sinks and
-//! Debezium consumers read it unchanged). It does no I/O.
+//! Debezium consumers read it unchanged), all without I/O; and the
+//! transactional [`producer`] that writes them together with a [`progress`]
+//! record, so that a restart knows exactly what Kafka holds.
 //!
-//! The transactional producer that writes them exactly once is not here
-//! yet (issue 23).
+//! Not here yet (issue 23): the loop that drives a stream into the
+//! producer (`pgwal stream --sink kafka`).
 #![warn(missing_docs)]
 
 pub mod format;
+pub mod producer;
+pub mod progress;
 pub mod routing;
 
 pub use format::{encode, DecimalMode, Format, Record, TxInfo};

@@ -1,0 +1,242 @@
+//! The transactional producer: Kafka transactions that each hold whole
+//! PostgreSQL transactions and a progress record, committed before the slot
+//! is acknowledged. `pgwal stream --sink kafka`, which drives it, is not
+//! written yet (issue 23).
+//!
+//! Ordering rules:
+//! 1. A Kafka transaction is committed only at a PostgreSQL commit
+//!    boundary, with the progress record of that commit inside it.
+//! 2. The slot is acknowledged with a position only after the Kafka
+//!    transaction holding it committed; so the slot is never ahead of Kafka.
+//! 3. On start, the last committed progress (read_committed) says where
+//!    Kafka is; PostgreSQL transactions whose commit record starts before
+//!    it were written already and are skipped, however far behind the slot
+//!    is.
+//! 4. The transactional id is fixed per stream: a new producer fences a
+//!    zombie one, whose transaction the broker aborts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pgwal_protocol::Lsn;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::{Message, Offset, TopicPartitionList};
+
+use crate::format::Record;
+use crate::progress;
+
+/// Errors of the producer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProducerError {
+    /// From the Kafka client.
+    #[error("Kafka: {0}")]
+    Kafka(#[from] KafkaError),
+    /// A blocking call's thread panicked or was cancelled.
+    #[error("a Kafka client call did not complete")]
+    Join,
+    /// A progress record that is not one.
+    #[error("progress topic {topic}: record for {key} at offset {offset} is not a position")]
+    BadProgress {
+        /// The topic.
+        topic: String,
+        /// The stream's key.
+        key: String,
+        /// Where.
+        offset: i64,
+    },
+}
+
+/// Where the producer writes and how long it may wait.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ProducerConfig {
+    /// `bootstrap.servers`.
+    pub brokers: String,
+    /// `transactional.id`: one per stream, stable across restarts.
+    pub transactional_id: String,
+    /// The compacted progress topic.
+    pub progress_topic: String,
+    /// This stream's key in it ([`progress::key`]).
+    pub progress_key: String,
+    /// Limit of each blocking transaction call.
+    pub timeout: Duration,
+}
+
+impl ProducerConfig {
+    /// A configuration (30 s timeout).
+    pub fn new(
+        brokers: impl Into<String>,
+        transactional_id: impl Into<String>,
+        progress_topic: impl Into<String>,
+        progress_key: impl Into<String>,
+    ) -> ProducerConfig {
+        ProducerConfig {
+            brokers: brokers.into(),
+            transactional_id: transactional_id.into(),
+            progress_topic: progress_topic.into(),
+            progress_key: progress_key.into(),
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A transactional producer.
+pub struct KafkaProducer {
+    producer: Arc<ThreadedProducer<DefaultProducerContext>>,
+    config: ProducerConfig,
+    open: bool,
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, KafkaError> + Send + 'static,
+) -> Result<T, ProducerError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|_| ProducerError::Join)?
+        .map_err(ProducerError::Kafka)
+}
+
+impl KafkaProducer {
+    /// Creates the producer and registers its transactional id, fencing any
+    /// earlier producer with the same id.
+    pub async fn connect(config: ProducerConfig) -> Result<KafkaProducer, ProducerError> {
+        let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+            .set("bootstrap.servers", &config.brokers)
+            .set("transactional.id", &config.transactional_id)
+            .set("enable.idempotence", "true")
+            .set("transaction.timeout.ms", "300000")
+            .set("linger.ms", "5")
+            .create()?;
+        let producer = Arc::new(producer);
+        let p = producer.clone();
+        let t = config.timeout;
+        blocking(move || p.init_transactions(t)).await?;
+        Ok(KafkaProducer {
+            producer,
+            config,
+            open: false,
+        })
+    }
+
+    /// The last committed position of this stream in the progress topic.
+    pub async fn committed(&self) -> Result<Option<Lsn>, ProducerError> {
+        let cfg = self.config.clone();
+        tokio::task::spawn_blocking(move || read_progress(&cfg))
+            .await
+            .map_err(|_| ProducerError::Join)?
+    }
+
+    /// Adds a record to the open Kafka transaction (opening one if needed).
+    pub async fn send(&mut self, r: &Record) -> Result<(), ProducerError> {
+        if !self.open {
+            let p = self.producer.clone();
+            blocking(move || p.begin_transaction()).await?;
+            self.open = true;
+        }
+        let mut rec = BaseRecord::<Vec<u8>, Vec<u8>>::to(&r.topic);
+        if let Some(k) = &r.key {
+            rec = rec.key(k);
+        }
+        if let Some(v) = &r.value {
+            rec = rec.payload(v);
+        }
+        let mut rec = rec;
+        loop {
+            match self.producer.send(rec) {
+                Ok(()) => return Ok(()),
+                Err((
+                    KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
+                    back,
+                )) => {
+                    rec = back;
+                    // the background thread delivers meanwhile
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err((e, _)) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Writes the progress record for `end_lsn` and commits the open Kafka
+    /// transaction; after this returns, the slot may be acknowledged up to
+    /// `end_lsn`.
+    pub async fn commit(&mut self, end_lsn: Lsn) -> Result<(), ProducerError> {
+        let progress = Record {
+            topic: self.config.progress_topic.clone(),
+            key: Some(self.config.progress_key.clone().into_bytes()),
+            value: Some(progress::value(end_lsn)),
+        };
+        self.send(&progress).await?;
+        let p = self.producer.clone();
+        let t = self.config.timeout;
+        let result = blocking(move || p.commit_transaction(t)).await;
+        self.open = false;
+        if result.is_err() {
+            let p = self.producer.clone();
+            let _ = blocking(move || p.abort_transaction(t)).await;
+        }
+        result
+    }
+}
+
+/// Reads the progress topic's partition 0 from the start to its high
+/// watermark (read_committed) and returns this stream's last position.
+fn read_progress(cfg: &ProducerConfig) -> Result<Option<Lsn>, ProducerError> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &cfg.brokers)
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set(
+            "group.id",
+            format!("{}-progress-reader", cfg.transactional_id),
+        )
+        .create()?;
+    let (_, high) = match consumer.fetch_watermarks(&cfg.progress_topic, 0, cfg.timeout) {
+        Ok(w) => w,
+        // no progress topic yet: nothing was ever committed
+        Err(KafkaError::MetadataFetch(_)) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    if high <= 0 {
+        return Ok(None);
+    }
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&cfg.progress_topic, 0, Offset::Beginning)?;
+    consumer.assign(&tpl)?;
+    let mut last = None;
+    let deadline = std::time::Instant::now() + cfg.timeout;
+    loop {
+        let pos = consumer
+            .position()?
+            .find_partition(&cfg.progress_topic, 0)
+            .and_then(|p| p.offset().to_raw())
+            .unwrap_or(0);
+        // read_committed stops at the last stable offset, which may sit
+        // below the high watermark while the broker writes a marker
+        let (_, high_now) = consumer.fetch_watermarks(&cfg.progress_topic, 0, cfg.timeout)?;
+        if pos >= high_now.min(high) || std::time::Instant::now() > deadline {
+            break;
+        }
+        match consumer.poll(Duration::from_millis(200)) {
+            None => continue,
+            Some(Err(e)) => return Err(e.into()),
+            Some(Ok(m)) => {
+                if m.key() == Some(cfg.progress_key.as_bytes()) {
+                    let v = m.payload().unwrap_or_default();
+                    last = Some(
+                        progress::parse(v).ok_or_else(|| ProducerError::BadProgress {
+                            topic: cfg.progress_topic.clone(),
+                            key: cfg.progress_key.clone(),
+                            offset: m.offset(),
+                        })?,
+                    );
+                }
+            }
+        }
+    }
+    Ok(last)
+}
