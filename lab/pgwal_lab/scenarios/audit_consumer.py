@@ -40,6 +40,8 @@ import sys
 import time
 from pathlib import Path
 
+import psycopg
+
 from .. import topology
 from ..audit import check, faults
 from ..audit.ledger import Load, prepare_cycle
@@ -290,8 +292,9 @@ def run(ctx: Context, params: dict) -> list[dict]:
                     plan[-1] = (plan[-1][0], "crash-at")  # the control's window, reached every cycle
                 try:
                     rec = run_cycle(cluster, consumer, i + 1, load_s, plan, rng)
-                except LabError as e:
-                    raise LabError(f"cycle {i + 1} ({mode}): {e}\n--- server log:\n{primary.log_tail(30)}") \
+                except (LabError, psycopg.Error) as e:
+                    # the cluster is torn down after this: keep what the server said
+                    raise LabError(f"cycle {i + 1} ({mode}): {e}\n--- server log:\n{primary.log_tail(60)}") \
                         from None
                 rec["violations"] = violations(mode, rec["compare"], rec["source_lost"])
                 rec.update(common, scenario=NAME, group="consumer", variant=mode, mode=mode, run_id=ctx.run_id)
