@@ -55,6 +55,15 @@ def _alive(pid: int) -> bool:
     return st[st.rfind(")") + 2] != "Z"
 
 
+def _parent(pid: int) -> int | None:
+    """The parent of `pid` (zombies included), or None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rfind(")") + 2:].split()[1])
+
+
 def signal_all(pids, sig) -> None:
     for p in pids:
         try:
@@ -131,9 +140,15 @@ def crash(nodes: list, power_loss: bool, proxies: list[int] = (), mark=None) -> 
         signal_all(pids, signal.SIGSTOP)
     for n in nodes:
         pm = first[n.name][0]
-        late = [k for k in children(pm) if k not in first[n.name]]
+        # A child listed above may have exited meanwhile and its pid gone to
+        # another process: pids wrap within minutes at the default pid_max of
+        # 32768 while two audits run. Only processes still the postmaster's
+        # are killed; a stranger stopped by mistake runs on.
+        ours = [pm] + [p for p in first[n.name][1:] if _parent(p) == pm]
+        signal_all([p for p in first[n.name][1:] if p not in ours], signal.SIGCONT)
+        late = [k for k in children(pm) if k not in ours]
         signal_all(late, signal.SIGSTOP)
-        stopped[n.name] = first[n.name] + late
+        stopped[n.name] = ours + late
     for pids in [*stopped.values(), list(proxies)]:
         signal_all(pids, signal.SIGKILL)
     for n in nodes:
