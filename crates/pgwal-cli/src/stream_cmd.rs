@@ -363,8 +363,13 @@ pub(crate) async fn run(config: Config, a: StreamArgs) -> Result<()> {
         events += 1;
         let t0 = Instant::now();
         if let Some((point, tables)) = &backfill {
+            // "schema.table" compared in place: no allocation per change
             let copied = |r: &pgwal::protocol::pgoutput::Relation| {
-                tables.contains(&format!("{}.{}", r.namespace, r.name))
+                tables.iter().any(|t| {
+                    t.strip_prefix(r.namespace.as_str())
+                        .and_then(|rest| rest.strip_prefix('.'))
+                        == Some(r.name.as_str())
+                })
             };
             match &mut event {
                 pgwal::Event::Begin(b) => before_backfill = b.final_lsn < *point,

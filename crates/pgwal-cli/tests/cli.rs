@@ -799,20 +799,7 @@ fn snapshot_table_backfills_a_table_added_later() {
                 )
             })
             .collect();
-        let mut psql = c.psql_command();
-        psql.args(["-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null());
-        let writer = std::thread::spawn(move || {
-            let mut child = psql.spawn().unwrap();
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(writer_sql.as_bytes())
-                .unwrap();
-            assert!(child.wait().unwrap().success());
-        });
+        let writer = c.psql_in_background(writer_sql);
         std::thread::sleep(Duration::from_millis(400));
         let mut child = pgwal_command(&c)
             .args([

@@ -231,9 +231,19 @@ pub fn encode(
                 .map(|r| {
                     let value = match format {
                         Format::Pgwal => pgwal_envelope("truncate", r, tx, None, None, None),
-                        Format::Debezium { .. } => {
-                            debezium::envelope(format, "t", r, tx, Value::Null, Value::Null, now)
-                        }
+                        Format::Debezium {
+                            server_name,
+                            database,
+                            ..
+                        } => debezium::envelope(
+                            (server_name, database),
+                            "t",
+                            r,
+                            tx,
+                            Value::Null,
+                            Value::Null,
+                            now,
+                        ),
                     };
                     Ok(Record {
                         topic: routing.topic(&r.namespace, &r.name)?,
@@ -296,8 +306,12 @@ pub fn encode(
                 before.filter(|_| !change.old_is_key),
                 after,
             ),
-            Format::Debezium { .. } => debezium::envelope(
-                format,
+            Format::Debezium {
+                server_name,
+                database,
+                ..
+            } => debezium::envelope(
+                (server_name, database),
                 op,
                 rel,
                 tx,

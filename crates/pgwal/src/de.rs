@@ -100,18 +100,6 @@ impl<'de> MapAccess<'de> for RowDe {
 
 struct ValueDe(Value);
 
-fn uuid_string(u: &[u8; 16]) -> String {
-    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..]
-    )
-}
-
 /// A range as a map: `empty`, `lower`, `upper` (null when unbounded),
 /// `lower_inclusive`, `upper_inclusive`.
 fn range_map(r: Range) -> Fields {
@@ -191,7 +179,7 @@ impl<'de> Deserializer<'de> for ValueDe {
             Value::Numeric(s) | Value::Text(s) => v.visit_string(s),
             Value::Bytes(b) => v.visit_byte_buf(b),
             Value::Json(j) => j.deserialize_any(v).map_err(|e| DeError(e.to_string())),
-            Value::Uuid(u) => v.visit_string(uuid_string(&u)),
+            Value::Uuid(u) => v.visit_string(crate::types::uuid_text(&u)),
             Value::Timestamp(t) => v.visit_string(t.to_iso8601()),
             Value::Date(d) => v.visit_string(pgwal_protocol::format_pg_date(d.into())),
             Value::Array(a) => v.visit_seq(Seq(a.into_iter())),

@@ -175,28 +175,14 @@ pub async fn initial_copy_with(
     progress: impl FnMut(&CopyProgress),
 ) -> Result<InitialCopy> {
     let mut repl = ReplicationClient::connect(config).await?;
-    let info = repl
-        .create_logical_slot(
-            slot,
-            &CreateSlotOptions::new()
-                .two_phase(opts.two_phase)
-                .snapshot(SlotSnapshot::Export),
-        )
-        .await?;
-    let snapshot = info
-        .snapshot_name
-        .clone()
-        .ok_or(Error::BadResult("CREATE_REPLICATION_SLOT snapshot"))?;
-    let result = copy_in_snapshot(
-        config,
-        &snapshot,
-        info.consistent_point,
-        publications,
-        opts,
-        sink,
-        progress,
+    let (point, snapshot) = export_snapshot(
+        &mut repl,
+        slot,
+        CreateSlotOptions::new().two_phase(opts.two_phase),
     )
-    .await;
+    .await?;
+    let result =
+        copy_in_snapshot(config, &snapshot, point, publications, opts, sink, progress).await;
     if result.is_err() {
         let _ = repl.drop_slot(slot, false).await;
     }
@@ -226,29 +212,26 @@ pub async fn table_copy(
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     );
+    let (point, snapshot) =
+        export_snapshot(&mut repl, &name, CreateSlotOptions::new().temporary(true)).await?;
+    // the temporary slot goes with this connection, after the copy
+    copy_in_snapshot(config, &snapshot, point, publications, opts, sink, progress).await
+}
+
+/// Creates `slot` with an exported snapshot; returns its consistent point
+/// and the snapshot's name. `repl` must stay idle while the snapshot is used.
+async fn export_snapshot(
+    repl: &mut ReplicationClient,
+    slot: &str,
+    opts: CreateSlotOptions,
+) -> Result<(Lsn, String)> {
     let info = repl
-        .create_logical_slot(
-            &name,
-            &CreateSlotOptions::new()
-                .temporary(true)
-                .snapshot(SlotSnapshot::Export),
-        )
+        .create_logical_slot(slot, &opts.snapshot(SlotSnapshot::Export))
         .await?;
     let snapshot = info
         .snapshot_name
-        .clone()
         .ok_or(Error::BadResult("CREATE_REPLICATION_SLOT snapshot"))?;
-    // the temporary slot goes with this connection, after the copy
-    copy_in_snapshot(
-        config,
-        &snapshot,
-        info.consistent_point,
-        publications,
-        opts,
-        sink,
-        progress,
-    )
-    .await
+    Ok((info.consistent_point, snapshot))
 }
 
 /// The copy itself, while the exporting replication connection stays idle.

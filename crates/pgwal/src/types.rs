@@ -140,6 +140,25 @@ pub enum Value {
     Money(i64),
 }
 
+/// A `uuid` in its text form (`8-4-4-4-12` lowercase hex).
+///
+/// ```
+/// let mut u = [0u8; 16];
+/// u[15] = 1;
+/// assert_eq!(pgwal::types::uuid_text(&u), "00000000-0000-0000-0000-000000000001");
+/// ```
+pub fn uuid_text(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
 fn bad(what: &str, reason: impl Into<String>) -> Error {
     Error::Column {
         column: what.to_owned(),

@@ -103,6 +103,17 @@ fn log_snapshot(primary: &Cluster) {
     primary.query("SELECT pg_log_standby_snapshot()");
 }
 
+/// The logical slot `s` on `c`, a failover slot if asked.
+async fn make_slot(c: &Cluster, failover: bool) {
+    let mut client = ReplicationClient::connect(&config(c, "postgres"))
+        .await
+        .unwrap();
+    client
+        .create_logical_slot("s", &CreateSlotOptions::new().failover(failover))
+        .await
+        .unwrap();
+}
+
 fn confirmed_flush(c: &Cluster, slot: &str) -> Lsn {
     c.query(&format!(
         "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{slot}'"
@@ -236,13 +247,7 @@ fn stream_follows_a_promotion_under_load() {
         let rt = runtime();
         let seen = Arc::new(Mutex::new(Seen::default()));
         let stream = rt.block_on(async {
-            let mut client = ReplicationClient::connect(&config(&primary, "postgres"))
-                .await
-                .unwrap();
-            client
-                .create_logical_slot("s", &CreateSlotOptions::new().failover(true))
-                .await
-                .unwrap();
+            make_slot(&primary, true).await;
             let cfg = retrying(StreamConfig::new("s", ["p"]));
             LogicalStream::start(both_hosts(&primary, &standby), cfg)
                 .await
@@ -317,13 +322,7 @@ fn promoted_slot_ahead_of_the_state_file_is_refused() {
         let state = primary.dir.join("state.json");
         let rt = runtime();
         let acked = rt.block_on(async {
-            let mut client = ReplicationClient::connect(&config(&primary, "postgres"))
-                .await
-                .unwrap();
-            client
-                .create_logical_slot("s", &CreateSlotOptions::new().failover(true))
-                .await
-                .unwrap();
+            make_slot(&primary, true).await;
             primary.psql("INSERT INTO t (v) VALUES (1)");
             let cfg = retrying(StreamConfig::new("s", ["p"]).state_file(state.clone()));
             let mut s = LogicalStream::start(both_hosts(&primary, &standby), cfg)
@@ -414,13 +413,7 @@ fn reconnect_refuses_a_slot_moved_meanwhile() {
         c.psql(SETUP);
         let rt = runtime();
         let err = rt.block_on(async {
-            let mut client = ReplicationClient::connect(&config(&c, "postgres"))
-                .await
-                .unwrap();
-            client
-                .create_logical_slot("s", &CreateSlotOptions::new())
-                .await
-                .unwrap();
+            make_slot(&c, false).await;
             let cfg: Config = format!(
                 "{} sslmode=disable target_session_attrs=read-write",
                 c.conninfo("postgres")

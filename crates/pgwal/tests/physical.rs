@@ -5,7 +5,7 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -471,70 +471,6 @@ fn wrong_timeline_and_missing_directory_are_typed_errors() {
     );
 }
 
-/// A physical standby of `primary` made with pg_basebackup, as a `Cluster`
-/// (stopped and removed on drop).
-fn standby_of(primary: &Cluster) -> Cluster {
-    let dir = PathBuf::from(format!("{}-standby", primary.dir.display()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    support::give_to_server_user(&dir);
-    let data = dir.join("data");
-    let as_user = |program: &str| {
-        let mut c = if support::is_root() {
-            let mut c = Command::new(support::repo_root().join("tools/as-user"));
-            c.arg(primary.bin.join(program));
-            c
-        } else {
-            Command::new(primary.bin.join(program))
-        };
-        c.stdout(Stdio::null());
-        c
-    };
-    let out = as_user("pg_basebackup")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-U",
-            "postgres",
-            "-X",
-            "stream",
-            "-R",
-            "-c",
-            "fast",
-            "-p",
-        ])
-        .arg(primary.port.to_string())
-        .arg("-D")
-        .arg(&data)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "pg_basebackup: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let port = support::free_port();
-    let conf = format!(
-        "\nport = {port}\nunix_socket_directories = '{}'\nhot_standby = on\n",
-        dir.display()
-    );
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .open(data.join("postgresql.conf"))
-        .unwrap();
-    std::io::Write::write_all(&mut f, conf.as_bytes()).unwrap();
-    let mut standby = Cluster {
-        dir: dir.clone(),
-        bin: primary.bin.clone(),
-        port,
-        label: primary.label,
-        major: primary.major,
-    };
-    // Set before returning so that a failed start still stops and removes it.
-    standby.port = support::start_server(&primary.bin, &data, &dir.join("server.log"), port);
-    standby
-}
-
 #[test]
 fn follows_a_timeline_switch_after_promotion() {
     for (label, bin) in support::servers() {
@@ -546,7 +482,7 @@ fn follows_a_timeline_switch_after_promotion() {
                 ..Options::default()
             },
         );
-        let s = standby_of(&p);
+        let s = p.standby("cascade_source", &[]);
         let dir = recv_dir(&p, "recv");
         // Cascading: the receiver streams from the standby.
         let r = Running::start(
@@ -559,22 +495,7 @@ fn follows_a_timeline_switch_after_promotion() {
         wait_until("standby replay", || {
             s.query(&format!("SELECT pg_last_wal_replay_lsn() >= '{before}'")) == "t"
         });
-        let mut promote = Command::new(if support::is_root() {
-            support::repo_root().join("tools/as-user")
-        } else {
-            s.bin.join("pg_ctl")
-        });
-        if support::is_root() {
-            promote.arg(s.bin.join("pg_ctl"));
-        }
-        let ok = promote
-            .args(["-w", "-D"])
-            .arg(s.dir.join("data"))
-            .arg("promote")
-            .stdout(Stdio::null())
-            .status()
-            .unwrap();
-        assert!(ok.success(), "{label}: promote");
+        s.promote();
         wait_until("timeline 2", || r.progress.timeline() == 2);
         s.psql("CREATE TABLE after AS SELECT g FROM generate_series(1, 10000) g; SELECT pg_switch_wal();");
         let end = lsn(&s, "SELECT pg_current_wal_flush_lsn()");

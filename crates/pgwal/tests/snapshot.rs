@@ -43,23 +43,7 @@ fn snapshot_then_stream(jobs: usize, chunk_pages: u32) {
                 )
             })
             .collect();
-        let mut psql = c.psql_command();
-        psql.args(["-f", "-"]);
-        let writer = std::thread::spawn(move || {
-            let mut child = psql
-                .stdin(std::process::Stdio::piped())
-                .stdout(std::process::Stdio::null())
-                .spawn()
-                .unwrap();
-            use std::io::Write;
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(writer_sql.as_bytes())
-                .unwrap();
-            assert!(child.wait().unwrap().success());
-        });
+        let writer = c.psql_in_background(writer_sql);
         block_on(async {
             let cfg = config(&c, "postgres");
             // table -> id -> v

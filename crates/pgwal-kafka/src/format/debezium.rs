@@ -25,7 +25,7 @@ use pgwal::types::{decode, oid, Value as Pg};
 use pgwal_protocol::PgTimestamp;
 use serde_json::{json, Number, Value};
 
-use super::{temporal, DecimalMode, Format, TxInfo};
+use super::{temporal, DecimalMode, TxInfo};
 
 /// Days from 1970-01-01 to 2000-01-01, PostgreSQL's epoch.
 const EPOCH_DAYS: i64 = 10_957;
@@ -47,9 +47,10 @@ fn precision(typmod: i32) -> i32 {
     }
 }
 
-/// The envelope.
+/// The envelope; `source.name` and `source.db` from `server_name` and
+/// `database`.
 pub(super) fn envelope(
-    format: &Format,
+    (server_name, database): (&str, &str),
     op: &str,
     rel: &Relation,
     tx: &TxInfo,
@@ -57,14 +58,6 @@ pub(super) fn envelope(
     after: Value,
     now: PgTimestamp,
 ) -> Value {
-    let (server_name, database) = match format {
-        Format::Debezium {
-            server_name,
-            database,
-            ..
-        } => (server_name.as_str(), database.as_str()),
-        Format::Pgwal => ("", ""),
-    };
     let ms = |t: PgTimestamp| (t.0 + EPOCH_MICROS).div_euclid(1000);
     json!({
         "before": before,
@@ -117,12 +110,23 @@ fn typed(
     text: Option<&str>,
     decimal: DecimalMode,
 ) -> Result<Value, pgwal::Error> {
-    let raw = |v: &Pg| -> Value {
-        match (text, v) {
-            (Some(t), _) => Value::String(t.to_owned()),
-            (None, Pg::Text(s) | Pg::Numeric(s)) => Value::String(s.clone()),
-            (None, other) => Value::String(format!("{other:?}")),
-        }
+    // The server's text; without it (binary mode, array elements) only
+    // what pgwal decoded to that same text, never a Rust rendering.
+    let raw = |v: &Pg| -> Result<Value, pgwal::Error> {
+        Ok(Value::String(match (text, v) {
+            (Some(t), _) => t.to_owned(),
+            (None, Pg::Text(s) | Pg::Numeric(s)) => s.clone(),
+            (None, Pg::Json(j)) => j.to_string(),
+            (None, Pg::Uuid(u)) => pgwal::types::uuid_text(u),
+            (None, _) => {
+                return Err(pgwal::Error::Column {
+                    column: format!("type {type_oid}"),
+                    reason: "no Debezium form for this value outside text mode; stream with \
+                             binary off"
+                        .into(),
+                })
+            }
+        }))
     };
     Ok(match v {
         Pg::Null => Value::Null,
@@ -192,10 +196,9 @@ fn typed(
             }
             _ => Value::String(s.clone()),
         },
-        // json and jsonb: Debezium's Json is the document's text
-        Pg::Json(_) => raw(v),
-        Pg::Uuid(_) => raw(v),
-        _ => raw(v),
+        // json and jsonb (Debezium's Json is the document's text), uuid, and
+        // the rest
+        _ => raw(v)?,
     })
 }
 
@@ -380,5 +383,26 @@ mod tests {
             Value::Null
         );
         assert_eq!(t(oid::FLOAT8, -1, Pg::Float(f64::NAN), "NaN"), json!("NaN"));
+    }
+
+    #[test]
+    fn array_elements_without_text() {
+        let arr = |elem: Pg| {
+            typed(
+                2951,
+                -1,
+                &Pg::Array(vec![elem]),
+                Some("{...}"),
+                DecimalMode::Precise,
+            )
+        };
+        let mut u = [0u8; 16];
+        u[15] = 1;
+        assert_eq!(
+            arr(Pg::Uuid(u)).unwrap(),
+            json!(["00000000-0000-0000-0000-000000000001"])
+        );
+        // never a Rust rendering of a value pgwal has no text for
+        assert!(typed(oid::TEXT, -1, &Pg::Money(1234), None, DecimalMode::Precise).is_err());
     }
 }

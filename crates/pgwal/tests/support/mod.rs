@@ -364,6 +364,25 @@ impl Cluster {
         String::from_utf8(out.stdout).unwrap()
     }
 
+    /// Runs `sql` through psql on a thread of its own (a writer alongside
+    /// the code under test); join the handle to learn that it succeeded.
+    pub fn psql_in_background(&self, sql: String) -> std::thread::JoinHandle<()> {
+        let mut psql = self.psql_command();
+        psql.args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null());
+        std::thread::spawn(move || {
+            let mut child = psql.spawn().unwrap();
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(sql.as_bytes())
+                .unwrap();
+            assert!(child.wait().unwrap().success(), "background psql failed");
+        })
+    }
+
     /// One query, trimmed output.
     pub fn query(&self, sql: &str) -> String {
         self.psql(sql).trim().to_owned()
