@@ -68,16 +68,21 @@ SETTINGS = {
     "wal_log_hints": "on",              # pg_rewind
     "max_prepared_transactions": 20,
     "shared_buffers": "128MB",
-    "max_wal_size": "256MB",            # checkpoints during the cycles
+    # checkpoints during the cycles: with completion target 0.9 one starts
+    # every ~67MB of WAL
+    "max_wal_size": "128MB",
     "min_wal_size": "64MB",
     "checkpoint_timeout": "30s",
-    # pg_rewind reads the old primary's WAL back to the last common
-    # checkpoint, which its crash recovery's checkpoint would otherwise
-    # recycle; but kept segments are kept by number whatever their timeline,
-    # so every cycle starts a segment of its own (pg_switch_wal) and old
-    # timelines' segments leave the window (with 256MB and no switch, pg_wal
-    # grew by ~2 segments per failover until the disk was full, cycle 67)
-    "wal_keep_size": "128MB",
+    # pg_rewind reads the old primary's WAL from the last common checkpoint
+    # record to its end, up to about two checkpoint intervals plus the lost
+    # tail; its crash recovery's own checkpoint would recycle whatever
+    # wal_keep_size does not hold (run 5 failed so with max_wal_size 256MB
+    # and 128MB kept: the divergence was 140MB past the checkpoint).  Kept
+    # segments are kept by number whatever their timeline, so every cycle
+    # starts a segment of its own (pg_switch_wal) and old timelines' segments
+    # leave the window (with 256MB kept and no switch, pg_wal grew by ~2
+    # segments per failover until the disk was full, cycle 67)
+    "wal_keep_size": "256MB",
     "synchronous_commit": "local",      # the workload sets its level per session
     "log_min_messages": "warning",
     "wal_retrieve_retry_interval": "100ms",  # a standby reconnects soon after its primary restarted
