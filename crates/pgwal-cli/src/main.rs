@@ -2,6 +2,7 @@
 
 mod config_file;
 mod json;
+mod kafka_sink;
 mod metrics;
 mod receive_cmd;
 mod slot_cmd;
@@ -45,7 +46,7 @@ enum Command {
     /// begin and commit lines; positions are acknowledged only after the
     /// output was written and flushed, or with `--acks stdin` only once the
     /// consumer wrote them back on stdin.
-    Stream(stream_cmd::StreamArgs),
+    Stream(Box<stream_cmd::StreamArgs>),
     #[command(about = receive_cmd::ABOUT, long_about = receive_cmd::LONG_ABOUT)]
     Receive(receive_cmd::ReceiveArgs),
     /// Manage logical replication slots.
@@ -140,15 +141,16 @@ fn main() -> ExitCode {
     };
     let result = rt.block_on(async {
         let config = pgwal::Config::parse(&cli.conninfo)?;
-        match cli.command {
-            Command::Stream(a) => stream_cmd::run(config, a).await,
+        let r = match cli.command {
+            Command::Stream(a) => return stream_cmd::run(config, *a).await,
             Command::Receive(a) => receive_cmd::run(config, a).await,
             Command::Slot(SlotCommand::Create(a)) => {
                 slot_cmd::create(config, &a.name, a.two_phase, a.failover).await
             }
             Command::Slot(SlotCommand::Drop(a)) => slot_cmd::drop(config, &a.name, a.wait).await,
             Command::Slot(SlotCommand::List(a)) => slot_cmd::list(config, a.format).await,
-        }
+        };
+        r.map_err(Into::into)
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -24,6 +24,15 @@ pub(crate) enum AcksArg {
     Stdin,
 }
 
+/// Where the changes go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum SinkArg {
+    /// JSON lines on stdout.
+    Stdout,
+    /// Apache Kafka, exactly once (see the --kafka-* options).
+    Kafka,
+}
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub(crate) enum StreamingArg {
     Off,
@@ -118,14 +127,45 @@ pub(crate) struct StreamArgs {
     /// more gives the stream's reader a thread of its own.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub(crate) threads: u16,
+    /// Where changes go. kafka: each PostgreSQL transaction into Kafka
+    /// exactly once, in Kafka transactions that also record the stream's
+    /// position in a progress topic; the slot is acknowledged only after
+    /// Kafka committed, and a restart continues from Kafka's position.
+    #[arg(long, value_enum, default_value = "stdout")]
+    sink: SinkArg,
+    #[command(flatten)]
+    kafka: crate::kafka_sink::KafkaArgs,
 }
 
 impl StreamArgs {
     /// A combination clap cannot express, as its error message.
     pub(crate) fn conflict(&self) -> Option<&'static str> {
-        (!self.snapshot_tables.is_empty() && !matches!(self.streaming, StreamingArg::Off)).then_some(
-            "--snapshot-table needs --streaming off: a streamed transaction's changes come before its commit position is known",
-        )
+        if !self.snapshot_tables.is_empty() && !matches!(self.streaming, StreamingArg::Off) {
+            return Some("--snapshot-table needs --streaming off: a streamed transaction's changes come before its commit position is known");
+        }
+        if self.sink == SinkArg::Kafka {
+            if self.kafka.brokers.is_none() {
+                return Some("--sink kafka needs --kafka-brokers");
+            }
+            if self.two_phase {
+                return Some("--sink kafka cannot use --two-phase: a transaction decoded at PREPARE may still roll back (prepared transactions reach Kafka at COMMIT PREPARED without it)");
+            }
+            if self.snapshot || !self.snapshot_tables.is_empty() {
+                return Some("--sink kafka does not copy tables yet: --snapshot and --snapshot-table write to stdout");
+            }
+            if self.acks == AcksArg::Stdin {
+                return Some("--sink kafka acknowledges after Kafka's commit; --acks stdin does not apply");
+            }
+            if self.messages {
+                return Some("--sink kafka does not write pg_logical_emit_message messages");
+            }
+            if self.metrics.is_some() {
+                return Some("--sink kafka has no --metrics yet");
+            }
+        } else if self.kafka.brokers.is_some() {
+            return Some("--kafka-brokers needs --sink kafka");
+        }
+        None
     }
 }
 
@@ -214,7 +254,10 @@ async fn next_ack(
     }
 }
 
-pub(crate) async fn run(config: Config, a: StreamArgs) -> Result<()> {
+pub(crate) async fn run(
+    config: Config,
+    a: StreamArgs,
+) -> std::result::Result<(), Box<dyn std::error::Error>> {
     if a.create_slot {
         let mut c = ReplicationClient::connect(&config).await?;
         match c
@@ -228,7 +271,7 @@ pub(crate) async fn run(config: Config, a: StreamArgs) -> Result<()> {
         {
             Ok(_) => {}
             Err(e) if e.code() == Some("42710") => {}
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         }
     }
     // Tables copied at a consistent point, whose changes in transactions
@@ -291,6 +334,9 @@ pub(crate) async fn run(config: Config, a: StreamArgs) -> Result<()> {
     }
     if let Some(p) = a.state {
         cfg = cfg.state_file(p);
+    }
+    if a.sink == SinkArg::Kafka {
+        return crate::kafka_sink::run(config, cfg, a.kafka, a.slot_check_interval).await;
     }
     let metrics = crate::metrics::StreamMetrics::default();
     if let Some(addr) = a.metrics {
@@ -415,5 +461,5 @@ pub(crate) async fn run(config: Config, a: StreamArgs) -> Result<()> {
     if progress {
         eprintln!();
     }
-    stream.shutdown().await
+    Ok(stream.shutdown().await?)
 }

@@ -33,8 +33,9 @@ pub enum DecimalMode {
 #[non_exhaustive]
 pub enum Format {
     /// pgwal's own JSON: the change as `pgwal stream` prints it, values as
-    /// the server's text, plus the transaction's `xid`, `commit_lsn`,
-    /// `end_lsn` and `commit_time`.
+    /// the server's text, plus the transaction's `xid`, `commit_lsn` and
+    /// `commit_time` (its end position is in the progress topic: a record
+    /// is written as its change arrives, before the commit's end is known).
     Pgwal,
     /// The envelope of Debezium's PostgreSQL connector, as its JSON
     /// converter writes it with `schemas.enable=false`: `before`, `after`,
@@ -59,19 +60,16 @@ pub struct TxInfo {
     pub xid: u32,
     /// Its commit record's position.
     pub commit_lsn: Lsn,
-    /// The position after its commit record (what the slot is acked with).
-    pub end_lsn: Lsn,
     /// Its commit time.
     pub commit_time: PgTimestamp,
 }
 
 impl TxInfo {
     /// A transaction's description.
-    pub fn new(xid: u32, commit_lsn: Lsn, end_lsn: Lsn, commit_time: PgTimestamp) -> TxInfo {
+    pub fn new(xid: u32, commit_lsn: Lsn, commit_time: PgTimestamp) -> TxInfo {
         TxInfo {
             xid,
             commit_lsn,
-            end_lsn,
             commit_time,
         }
     }
@@ -207,7 +205,7 @@ fn bytes(v: &Value) -> Vec<u8> {
 /// use pgwal_kafka::{encode, Format, Routing, TxInfo};
 /// # fn f(event: &pgwal::Event) -> Result<(), Box<dyn std::error::Error>> {
 /// let routing = Routing::new("app", "{prefix}.{schema}.{table}")?;
-/// let tx = TxInfo::new(740, "0/16B3748".parse()?, "0/16B3778".parse()?, pgwal::protocol::PgTimestamp::now());
+/// let tx = TxInfo::new(740, "0/16B3748".parse()?, pgwal::protocol::PgTimestamp::now());
 /// for r in encode(&Format::Pgwal, &routing, &tx, event, pgwal::protocol::PgTimestamp::now())? {
 ///     println!("{} {:?}", r.topic, r.value.map(String::from_utf8));
 /// }
@@ -366,7 +364,6 @@ fn pgwal_envelope(
         "table": rel.name,
         "xid": tx.xid,
         "commit_lsn": tx.commit_lsn.to_string(),
-        "end_lsn": tx.end_lsn.to_string(),
         "commit_time": tx.commit_time.to_iso8601(),
     });
     if let Some(k) = key {
@@ -379,4 +376,21 @@ fn pgwal_envelope(
         o["new"] = v;
     }
     o
+}
+
+/// Writes a transaction's commit fields into a record value encoded before
+/// its commit was known (a streamed transaction's changes arrive first):
+/// pgwal's `commit_lsn` and `commit_time`, Debezium's `source.lsn` and
+/// `source.ts_ms`. The value must be one that [`encode`] wrote for `format`.
+pub fn stamp(format: &Format, value: &[u8], tx: &TxInfo) -> Result<Vec<u8>, serde_json::Error> {
+    let mut v: Value = serde_json::from_slice(value)?;
+    match format {
+        Format::Pgwal => {
+            v["xid"] = json!(tx.xid);
+            v["commit_lsn"] = json!(tx.commit_lsn.to_string());
+            v["commit_time"] = json!(tx.commit_time.to_iso8601());
+        }
+        Format::Debezium { .. } => debezium::stamp(&mut v, tx),
+    }
+    serde_json::to_vec(&v)
 }

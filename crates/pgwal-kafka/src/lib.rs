@@ -6,16 +6,18 @@
 //! Debezium's PostgreSQL connector writes, so that Kafka Connect sinks and
 //! Debezium consumers read it unchanged), all without I/O; and the
 //! transactional [`producer`] that writes them together with a [`progress`]
-//! record, so that a restart knows exactly what Kafka holds.
-//!
-//! Not here yet (issue 23): the loop that drives a stream into the
-//! producer (`pgwal stream --sink kafka`).
+//! record, so that a restart knows exactly what Kafka holds; and the
+//! [`sink`] that drives a stream into it exactly once (`pgwal stream
+//! --sink kafka`).
 #![warn(missing_docs)]
 
 pub mod format;
 pub mod producer;
 pub mod progress;
 pub mod routing;
+pub mod sink;
+mod spill;
 
 pub use format::{encode, DecimalMode, Format, Record, TxInfo};
 pub use routing::{Routing, RoutingError};
+pub use sink::{run, SinkConfig, SinkError, SinkStats};

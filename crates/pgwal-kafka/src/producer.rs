@@ -1,7 +1,6 @@
 //! The transactional producer: Kafka transactions that each hold whole
 //! PostgreSQL transactions and a progress record, committed before the slot
-//! is acknowledged. `pgwal stream --sink kafka`, which drives it, is not
-//! written yet (issue 23).
+//! is acknowledged. [`crate::sink`] drives it.
 //!
 //! Ordering rules:
 //! 1. A Kafka transaction is committed only at a PostgreSQL commit
@@ -64,6 +63,10 @@ pub struct ProducerConfig {
     pub progress_key: String,
     /// Limit of each blocking transaction call.
     pub timeout: Duration,
+    /// Further librdkafka settings (security, compression, ...), applied
+    /// last, except `transactional.id` and `enable.idempotence`, which
+    /// exactly-once needs as set here.
+    pub client_options: Vec<(String, String)>,
 }
 
 impl ProducerConfig {
@@ -80,6 +83,7 @@ impl ProducerConfig {
             progress_topic: progress_topic.into(),
             progress_key: progress_key.into(),
             timeout: Duration::from_secs(30),
+            client_options: Vec::new(),
         }
     }
 }
@@ -104,13 +108,19 @@ impl KafkaProducer {
     /// Creates the producer and registers its transactional id, fencing any
     /// earlier producer with the same id.
     pub async fn connect(config: ProducerConfig) -> Result<KafkaProducer, ProducerError> {
-        let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-            .set("bootstrap.servers", &config.brokers)
-            .set("transactional.id", &config.transactional_id)
-            .set("enable.idempotence", "true")
+        let mut cc = ClientConfig::new();
+        cc.set("bootstrap.servers", &config.brokers)
             .set("transaction.timeout.ms", "300000")
             .set("linger.ms", "5")
-            .create()?;
+            // records wait here until delivered: bound the client's memory
+            .set("queue.buffering.max.kbytes", "65536");
+        for (k, v) in &config.client_options {
+            cc.set(k, v);
+        }
+        cc.set("transactional.id", &config.transactional_id)
+            .set("enable.idempotence", "true");
+        let producer: ThreadedProducer<DefaultProducerContext> = cc.create()?;
+        ensure_progress_topic(&config).await?;
         let producer = Arc::new(producer);
         let p = producer.clone();
         let t = config.timeout;
@@ -161,6 +171,23 @@ impl KafkaProducer {
         }
     }
 
+    /// Whether a Kafka transaction is open.
+    pub fn in_transaction(&self) -> bool {
+        self.open
+    }
+
+    /// Aborts the open Kafka transaction, if any: none of its records
+    /// reach a read_committed consumer.
+    pub async fn abort(&mut self) -> Result<(), ProducerError> {
+        if !self.open {
+            return Ok(());
+        }
+        self.open = false;
+        let p = self.producer.clone();
+        let t = self.config.timeout;
+        blocking(move || p.abort_transaction(t)).await
+    }
+
     /// Writes the progress record for `end_lsn` and commits the open Kafka
     /// transaction; after this returns, the slot may be acknowledged up to
     /// `end_lsn`.
@@ -183,11 +210,46 @@ impl KafkaProducer {
     }
 }
 
+/// Creates the progress topic, compacted and with one partition, unless it
+/// exists. Auto-creation would make it uncompacted, and a topic of several
+/// partitions could not be read back in order.
+async fn ensure_progress_topic(cfg: &ProducerConfig) -> Result<(), ProducerError> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::types::RDKafkaErrorCode;
+    let admin: AdminClient<DefaultClientContext> = client_config(cfg).create()?;
+    // -1: the broker's default replication factor
+    let topic = NewTopic::new(&cfg.progress_topic, 1, TopicReplication::Fixed(-1))
+        .set("cleanup.policy", "compact");
+    let results = admin
+        .create_topics(
+            [&topic],
+            &AdminOptions::new().operation_timeout(Some(cfg.timeout)),
+        )
+        .await?;
+    for r in results {
+        match r {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((_, code)) => return Err(KafkaError::AdminOp(code).into()),
+        }
+    }
+    Ok(())
+}
+
+/// The brokers and the user's client options, for the helper clients.
+fn client_config(cfg: &ProducerConfig) -> ClientConfig {
+    let mut cc = ClientConfig::new();
+    cc.set("bootstrap.servers", &cfg.brokers);
+    for (k, v) in &cfg.client_options {
+        cc.set(k, v);
+    }
+    cc
+}
+
 /// Reads the progress topic's partition 0 from the start to its high
 /// watermark (read_committed) and returns this stream's last position.
 fn read_progress(cfg: &ProducerConfig) -> Result<Option<Lsn>, ProducerError> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &cfg.brokers)
+    let consumer: BaseConsumer = client_config(cfg)
         .set("isolation.level", "read_committed")
         .set("enable.auto.commit", "false")
         .set(

@@ -45,7 +45,7 @@ fn records(c: &Cluster, sql: &str, format: &Format) -> Vec<Result<Vec<Record>, S
             match e.unwrap() {
                 Event::Begin(_) => pending.clear(),
                 Event::Commit(commit) => {
-                    let tx = TxInfo::new(1, commit.commit_lsn, commit.end_lsn, commit.commit_time);
+                    let tx = TxInfo::new(1, commit.commit_lsn, commit.commit_time);
                     for e in pending.drain(..) {
                         out.push(
                             encode(format, &routing, &tx, &e, commit.commit_time)

@@ -94,6 +94,14 @@ pub struct StreamConfig {
     /// an invalidated slot is always refused
     /// ([`Error::SlotInvalidated`](crate::Error::SlotInvalidated)).
     pub state_file: Option<std::path::PathBuf>,
+    /// Where the consumer's own durable record says it is, when it keeps
+    /// one elsewhere (a Kafka sink's progress record, a destination
+    /// table): everything up to this position was processed. The stream
+    /// starts here when the slot is behind (the consumer stored more than
+    /// it had confirmed before it stopped), and a slot beyond it is refused
+    /// with [`Error::SlotAhead`](crate::Error::SlotAhead), as with a state
+    /// file. `None`: no such record.
+    pub consumer_position: Option<Lsn>,
 }
 
 impl StreamConfig {
@@ -120,7 +128,13 @@ impl StreamConfig {
             read_coalesce: Some(Duration::from_millis(1)),
             toast_cache_rows: 0,
             state_file: None,
+            consumer_position: None,
         }
+    }
+    /// Sets `consumer_position`.
+    pub fn consumer_position(mut self, v: Lsn) -> Self {
+        self.consumer_position = Some(v);
+        self
     }
     /// Sets `state_file`.
     pub fn state_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {

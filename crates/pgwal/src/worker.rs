@@ -88,6 +88,9 @@ pub(crate) async fn open_session(
     // as the slot's start) in earlier sessions, and the state file's record.
     let claimed = Lsn(shared.claimed.load(Ordering::SeqCst));
     let mut allowed = (claimed != Lsn(0)).then_some(claimed);
+    if let Some(p) = stream.consumer_position {
+        allowed = Some(allowed.map_or(p, |a| a.max(p)));
+    }
     if let Some(path) = &stream.state_file {
         let system_id = client.identify_system().await?.system_id;
         let p = path.clone();
@@ -128,7 +131,8 @@ pub(crate) async fn open_session(
     shared.claimed.fetch_max(floor.0, Ordering::SeqCst);
     let start = Lsn(shared.acked.load(Ordering::SeqCst))
         .max(floor)
-        .max(stream.start_lsn.unwrap_or_default());
+        .max(stream.start_lsn.unwrap_or_default())
+        .max(stream.consumer_position.unwrap_or_default());
     shared.acked.fetch_max(start.0, Ordering::SeqCst);
     shared.delivered.fetch_max(start.0, Ordering::SeqCst);
     shared.confirmed.fetch_max(floor.0, Ordering::SeqCst);

@@ -58,7 +58,7 @@ pub(super) fn envelope(
     after: Value,
     now: PgTimestamp,
 ) -> Value {
-    let ms = |t: PgTimestamp| (t.0 + EPOCH_MICROS).div_euclid(1000);
+    let ms = millis;
     json!({
         "before": before,
         "after": after,
@@ -81,6 +81,17 @@ pub(super) fn envelope(
         "ts_ms": ms(now),
         "transaction": null,
     })
+}
+
+/// Sets the commit fields of an envelope written before the commit.
+pub(super) fn stamp(v: &mut Value, tx: &TxInfo) {
+    v["source"]["ts_ms"] = json!(millis(tx.commit_time));
+    v["source"]["txId"] = json!(tx.xid);
+    v["source"]["lsn"] = json!(tx.commit_lsn.0);
+}
+
+fn millis(t: PgTimestamp) -> i64 {
+    (t.0 + EPOCH_MICROS).div_euclid(1000)
 }
 
 /// One column's value.

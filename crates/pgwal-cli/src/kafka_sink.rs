@@ -1,0 +1,173 @@
+//! `pgwal stream --sink kafka`: the options, and the run that hands the
+//! stream to [`pgwal_kafka::sink`].
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use pgwal::{Config, StreamConfig};
+use pgwal_kafka::{DecimalMode, Format, Routing, SinkConfig};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum FormatArg {
+    /// Debezium's PostgreSQL connector envelope (before, after, source, op,
+    /// ts_ms), as its JSON converter writes it with schemas.enable=false.
+    Debezium,
+    /// pgwal's own JSON: the change as `pgwal stream` prints it, plus xid,
+    /// commit_lsn and commit_time.
+    Pgwal,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum DecimalArg {
+    /// Kafka Connect's Decimal: base64 of the unscaled value.
+    Precise,
+    /// The exact decimal text.
+    String,
+    /// A JSON number (may round).
+    Double,
+}
+
+/// Options of `--sink kafka`.
+#[derive(Args, Debug)]
+pub(crate) struct KafkaArgs {
+    /// Kafka's bootstrap servers (host:port,...).
+    #[arg(long = "kafka-brokers", value_name = "HOSTS")]
+    pub(crate) brokers: Option<String>,
+    /// Topic prefix (Debezium's topic.prefix).
+    #[arg(long = "kafka-topic-prefix", value_name = "PREFIX", default_value = "pgwal")]
+    topic_prefix: String,
+    /// Topic of a table: {prefix}, {schema} and {table} are replaced.
+    #[arg(long = "kafka-topic-template", default_value = "{prefix}.{schema}.{table}")]
+    topic_template: String,
+    /// Record values.
+    #[arg(long = "kafka-format", value_enum, default_value = "debezium")]
+    format: FormatArg,
+    /// Debezium's source.name (default: the topic prefix).
+    #[arg(long = "kafka-server-name")]
+    server_name: Option<String>,
+    /// Numeric values in the Debezium format (decimal.handling.mode).
+    #[arg(long = "kafka-decimal", value_enum, default_value = "precise")]
+    decimal: DecimalArg,
+    /// Write a tombstone (null value) after each delete, for log compaction.
+    #[arg(long = "kafka-tombstones")]
+    tombstones: bool,
+    /// The compacted topic where the stream's position commits with its
+    /// records (created if missing; shared by streams, keyed by server and
+    /// slot).
+    #[arg(long = "kafka-progress-topic", default_value = "pgwal.progress")]
+    progress_topic: String,
+    /// The producer's transactional.id (default pgwal-<system id>-<slot>):
+    /// stable across restarts of one stream, distinct between streams.
+    #[arg(long = "kafka-transactional-id")]
+    transactional_id: Option<String>,
+    /// Commit a Kafka transaction once it holds this many bytes...
+    #[arg(long = "kafka-batch-bytes", default_value_t = 4 << 20)]
+    batch_bytes: usize,
+    /// ... or its first PostgreSQL transaction waited this long (also when
+    /// the stream is idle).
+    #[arg(long = "kafka-batch-ms", default_value_t = 100)]
+    batch_ms: u64,
+    /// Memory for streamed (in-progress) transactions before they spill to
+    /// disk.
+    #[arg(long = "kafka-memory-mib", default_value_t = 64)]
+    memory_mib: usize,
+    /// Where streamed transactions spill (unlinked files; default: the
+    /// temporary directory).
+    #[arg(long = "kafka-spill-dir")]
+    spill_dir: Option<PathBuf>,
+    /// Seconds Kafka may keep failing before pgwal gives up; meanwhile it
+    /// starts over from Kafka's committed position with backoff.
+    #[arg(long = "kafka-retry-secs", default_value_t = 300)]
+    retry_secs: u64,
+    /// A librdkafka setting, KEY=VALUE (repeatable): security.protocol,
+    /// sasl.*, ssl.*, compression.type, ...
+    #[arg(long = "kafka-option", value_name = "KEY=VALUE", value_parser = parse_option)]
+    options: Vec<(String, String)>,
+}
+
+fn parse_option(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))?;
+    if matches!(k, "transactional.id" | "enable.idempotence") {
+        return Err(format!(
+            "{k} is set by pgwal: exactly-once needs it (use --kafka-transactional-id)"
+        ));
+    }
+    Ok((k.to_owned(), v.to_owned()))
+}
+
+/// Runs the sink until Ctrl-C, SIGTERM, `--stop-lsn` or an error; prints
+/// what it did on stderr.
+pub(crate) async fn run(
+    config: Config,
+    stream: StreamConfig,
+    a: KafkaArgs,
+    slot_check_interval: f64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let routing = Routing::new(&a.topic_prefix, &a.topic_template)?;
+    let format = match a.format {
+        FormatArg::Pgwal => Format::Pgwal,
+        FormatArg::Debezium => Format::Debezium {
+            server_name: a.server_name.unwrap_or_else(|| a.topic_prefix.clone()),
+            database: config.dbname.clone(),
+            decimal: match a.decimal {
+                DecimalArg::Precise => DecimalMode::Precise,
+                DecimalArg::String => DecimalMode::String,
+                DecimalArg::Double => DecimalMode::Double,
+            },
+            tombstones: a.tombstones,
+        },
+    };
+    let mut sink = SinkConfig::new(a.brokers.expect("checked by conflict()"), routing, format);
+    sink.progress_topic = a.progress_topic;
+    sink.transactional_id = a.transactional_id;
+    sink.batch_bytes = a.batch_bytes;
+    sink.batch_time = Duration::from_millis(a.batch_ms);
+    sink.memory_limit = a.memory_mib << 20;
+    if let Some(d) = a.spill_dir {
+        sink.spill_dir = d;
+    }
+    sink.retry_for = Duration::from_secs(a.retry_secs);
+    sink.client_options = a.options;
+    if slot_check_interval > 0.0 {
+        crate::slot_watch::spawn(
+            config.clone(),
+            stream.slot.clone(),
+            Duration::from_secs_f64(slot_check_interval),
+            |_| {},
+        );
+    }
+    let stats = pgwal_kafka::run(config, stream, sink, stop_signal()).await?;
+    eprintln!(
+        "pgwal: kafka: {} transactions, {} records ({} bytes) in {} Kafka transactions; {} received again and skipped, {} spilled, {} restarts after Kafka errors; Kafka holds everything up to {}",
+        stats.transactions,
+        stats.records,
+        stats.bytes,
+        stats.kafka_commits,
+        stats.skipped,
+        stats.spilled,
+        stats.kafka_restarts,
+        stats
+            .position
+            .map_or_else(|| "nothing yet".to_owned(), |l| l.to_string())
+    );
+    Ok(())
+}
+
+/// Ctrl-C or SIGTERM.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}

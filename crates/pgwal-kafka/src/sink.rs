@@ -1,0 +1,540 @@
+//! The loop that drives a logical stream into Kafka, exactly once.
+//!
+//! [`run`] reads a [`LogicalStream`], writes each PostgreSQL transaction's
+//! records into an open Kafka transaction, and commits that Kafka
+//! transaction, with a progress record naming the last PostgreSQL
+//! transaction's end position, at a PostgreSQL commit boundary: after
+//! `batch_bytes` of records or `batch_time`, or when the stream has
+//! nothing more for now. Only then is the slot acknowledged.
+//!
+//! Why every change is in Kafka exactly once, whatever is killed when:
+//! - A read_committed consumer sees a Kafka transaction whole or not at
+//!   all, and each holds whole PostgreSQL transactions.
+//! - The progress record commits atomically with the records it covers,
+//!   so it says exactly which PostgreSQL transactions Kafka holds.
+//! - On every start (and after any Kafka error) the sink reads it back,
+//!   has the stream start there, and drops every transaction whose commit
+//!   record lies before it: those that the slot, acknowledged only after
+//!   Kafka's commit, sends again.
+//! - A new producer with the same transactional id fences the old one;
+//!   the broker aborts whatever the old one left open.
+//! - A reconnect of the stream (which restarts at the acknowledged
+//!   position) aborts the open Kafka transaction, whose PostgreSQL
+//!   transactions then come again.
+//!
+//! Non-streamed transactions are written as their changes arrive (the
+//! Kafka transaction is still open, so no consumer sees them before the
+//! commit); streamed ones are held ([`crate::spill`]) until their commit,
+//! and dropped at their abort. Memory is bounded: librdkafka's queue (64
+//! MiB) and `memory_limit` for the streamed transactions in progress.
+//!
+//! Two-phase decoding is refused: a transaction decoded at PREPARE may
+//! still roll back. Without it, a prepared transaction is decoded at
+//! `COMMIT PREPARED` as an ordinary transaction.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use pgwal::{Config, Event, LogicalStream, Lsn, ReplicationClient, StreamConfig};
+use pgwal_protocol::PgTimestamp;
+
+use crate::format::{encode, stamp, Format, FormatError, Record, TxInfo};
+use crate::producer::{KafkaProducer, ProducerConfig, ProducerError};
+use crate::progress;
+use crate::routing::Routing;
+use crate::spill::Spill;
+
+/// Where and how the sink writes.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct SinkConfig {
+    /// `bootstrap.servers`.
+    pub brokers: String,
+    /// Topics.
+    pub routing: Routing,
+    /// Record values.
+    pub format: Format,
+    /// The compacted progress topic (created if missing).
+    pub progress_topic: String,
+    /// The producer's `transactional.id`; `None`: `pgwal-<system id>-<slot>`.
+    /// It must be the same on every start of the same stream, and differ
+    /// between streams.
+    pub transactional_id: Option<String>,
+    /// Commit the Kafka transaction once it holds this many bytes of
+    /// records (at the next PostgreSQL commit).
+    pub batch_bytes: usize,
+    /// ... or once its first complete PostgreSQL transaction waited this
+    /// long; also when the stream is idle.
+    pub batch_time: Duration,
+    /// Memory for streamed transactions in progress; beyond it the largest
+    /// goes to an unlinked file in `spill_dir`.
+    pub memory_limit: usize,
+    /// Where streamed transactions spill.
+    pub spill_dir: PathBuf,
+    /// How long Kafka may fail (unreachable, restarting) before the sink
+    /// gives up; it retries with backoff meanwhile.
+    pub retry_for: Duration,
+    /// Limit of each blocking Kafka transaction call.
+    pub timeout: Duration,
+    /// Further librdkafka settings (see [`ProducerConfig::client_options`]).
+    pub client_options: Vec<(String, String)>,
+}
+
+impl SinkConfig {
+    /// Defaults: progress topic `pgwal.progress`, 4 MiB or 100 ms per Kafka
+    /// transaction, 64 MiB of streamed transactions in memory, spill to the
+    /// system's temporary directory, retry Kafka for 5 minutes.
+    pub fn new(brokers: impl Into<String>, routing: Routing, format: Format) -> SinkConfig {
+        SinkConfig {
+            brokers: brokers.into(),
+            routing,
+            format,
+            progress_topic: "pgwal.progress".into(),
+            transactional_id: None,
+            batch_bytes: 4 << 20,
+            batch_time: Duration::from_millis(100),
+            memory_limit: 64 << 20,
+            spill_dir: std::env::temp_dir(),
+            retry_for: Duration::from_secs(300),
+            timeout: Duration::from_secs(30),
+            client_options: Vec::new(),
+        }
+    }
+}
+
+/// Errors of the sink.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SinkError {
+    /// From PostgreSQL or the stream (with its SQLSTATE, if any).
+    #[error(transparent)]
+    Postgres(#[from] pgwal::Error),
+    /// Kafka kept failing for longer than `retry_for`.
+    #[error("Kafka failed for {:.0?} (retry_for); last error: {last}", .for_)]
+    Kafka {
+        /// How long.
+        for_: Duration,
+        /// The last error.
+        last: ProducerError,
+    },
+    /// A change that cannot be written faithfully; nothing after it was
+    /// acknowledged.
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    /// The spill file.
+    #[error("spilling a streamed transaction: {0}")]
+    Spill(#[from] std::io::Error),
+    /// The stream asks for two-phase decoding (see the module docs).
+    #[error("the Kafka sink needs a stream without two-phase decoding: a transaction decoded at PREPARE may still roll back")]
+    TwoPhase,
+}
+
+/// What the sink did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SinkStats {
+    /// PostgreSQL transactions written to Kafka.
+    pub transactions: u64,
+    /// Records written (progress records not counted).
+    pub records: u64,
+    /// Their key and value bytes.
+    pub bytes: u64,
+    /// Kafka transactions committed.
+    pub kafka_commits: u64,
+    /// PostgreSQL transactions received again that Kafka already held.
+    pub skipped: u64,
+    /// Streamed transactions that went to disk.
+    pub spilled: u64,
+    /// Restarts after a Kafka error.
+    pub kafka_restarts: u64,
+    /// Where Kafka's progress stands at the end.
+    pub position: Option<Lsn>,
+}
+
+/// Streams `stream` through `pg` into Kafka until `stop` completes, the
+/// stream's `stop_lsn` is reached, or an error that retrying does not cure.
+/// At a stop, complete transactions are committed to Kafka; a partial one
+/// is aborted and comes again next time.
+pub async fn run(
+    pg: Config,
+    stream: StreamConfig,
+    sink: SinkConfig,
+    stop: impl Future<Output = ()>,
+) -> Result<SinkStats, SinkError> {
+    if stream.two_phase {
+        return Err(SinkError::TwoPhase);
+    }
+    let system_id = {
+        let mut c = ReplicationClient::connect(&pg).await?;
+        c.identify_system().await?.system_id
+    };
+    let key = progress::key(&system_id, &stream.slot);
+    let mut pcfg = ProducerConfig::new(
+        sink.brokers.clone(),
+        sink.transactional_id
+            .clone()
+            .unwrap_or_else(|| format!("pgwal-{system_id}-{}", stream.slot)),
+        sink.progress_topic.clone(),
+        key,
+    );
+    pcfg.timeout = sink.timeout;
+    pcfg.client_options = sink.client_options.clone();
+    let mut stats = SinkStats::default();
+    let mut failing_since: Option<Instant> = None;
+    let mut backoff = Duration::from_millis(200);
+    tokio::pin!(stop);
+    loop {
+        let mut session = Session::new(&sink, &mut stats);
+        match session.run(&pg, &stream, &pcfg, &mut stop).await {
+            Ok(()) => return Ok(stats),
+            Err(Failure::Kafka(e, progressed)) => {
+                if progressed {
+                    failing_since = None;
+                    backoff = Duration::from_millis(200);
+                }
+                let since = *failing_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > sink.retry_for {
+                    return Err(SinkError::Kafka {
+                        for_: since.elapsed(),
+                        last: e,
+                    });
+                }
+                tracing::warn!(error = %e, retry_in = ?backoff, "Kafka failed; starting over from Kafka's progress");
+                stats.kafka_restarts += 1;
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = &mut stop => return Ok(stats),
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+            Err(Failure::Other(e)) => return Err(e),
+        }
+    }
+}
+
+/// Why a session ended: Kafka errors are retried from Kafka's progress
+/// (with whether this session committed anything); others end the sink.
+enum Failure {
+    Kafka(ProducerError, bool),
+    Other(SinkError),
+}
+
+impl From<pgwal::Error> for Failure {
+    fn from(e: pgwal::Error) -> Failure {
+        Failure::Other(e.into())
+    }
+}
+
+impl From<FormatError> for Failure {
+    fn from(e: FormatError) -> Failure {
+        Failure::Other(e.into())
+    }
+}
+
+impl From<std::io::Error> for Failure {
+    fn from(e: std::io::Error) -> Failure {
+        Failure::Other(e.into())
+    }
+}
+
+/// One producer and one stream, from Kafka's progress on.
+struct Session<'a> {
+    sink: &'a SinkConfig,
+    stats: &'a mut SinkStats,
+    /// Kafka holds every transaction whose commit record is before this.
+    written: Lsn,
+    /// The last complete PostgreSQL transaction in the open Kafka one.
+    pending_end: Option<Lsn>,
+    /// Record bytes in the open Kafka transaction, and when its first
+    /// complete PostgreSQL transaction ended.
+    batch_bytes: usize,
+    batch_since: Option<tokio::time::Instant>,
+    /// The non-streamed transaction being read, unless it is skipped.
+    current: Option<TxInfo>,
+    skip_current: bool,
+    /// Streamed transactions in progress, and the one whose block is open.
+    streamed: HashMap<u32, Spill>,
+    block: Option<u32>,
+    streamed_bytes: usize,
+    committed_any: bool,
+}
+
+impl<'a> Session<'a> {
+    fn new(sink: &'a SinkConfig, stats: &'a mut SinkStats) -> Session<'a> {
+        Session {
+            sink,
+            stats,
+            written: Lsn(0),
+            pending_end: None,
+            batch_bytes: 0,
+            batch_since: None,
+            current: None,
+            skip_current: false,
+            streamed: HashMap::new(),
+            block: None,
+            streamed_bytes: 0,
+            committed_any: false,
+        }
+    }
+
+    fn kafka(&self, e: ProducerError) -> Failure {
+        Failure::Kafka(e, self.committed_any)
+    }
+
+    async fn run(
+        &mut self,
+        pg: &Config,
+        stream_cfg: &StreamConfig,
+        pcfg: &ProducerConfig,
+        stop: &mut (impl Future<Output = ()> + Unpin),
+    ) -> Result<(), Failure> {
+        let mut producer = KafkaProducer::connect(pcfg.clone())
+            .await
+            .map_err(|e| self.kafka(e))?;
+        let committed = producer.committed().await.map_err(|e| self.kafka(e))?;
+        self.stats.position = committed;
+        let mut cfg = stream_cfg.clone();
+        if let Some(l) = committed {
+            self.written = l;
+            cfg = cfg.consumer_position(l);
+        }
+        tracing::info!(kafka_progress = ?committed, "Kafka sink starting");
+        let mut stream = LogicalStream::start(pg.clone(), cfg).await?;
+        let result = self.pump(&mut stream, &mut producer, stop).await;
+        if result.is_err() {
+            // nothing partial may commit; the broker aborts it anyway once
+            // the next producer fences this one
+            let _ = producer.abort().await;
+        }
+        let shutdown = stream.shutdown().await;
+        result?;
+        shutdown?;
+        Ok(())
+    }
+
+    async fn pump(
+        &mut self,
+        stream: &mut LogicalStream,
+        producer: &mut KafkaProducer,
+        stop: &mut (impl Future<Output = ()> + Unpin),
+    ) -> Result<(), Failure> {
+        loop {
+            let deadline = self
+                .batch_since
+                .map(|t| t + self.sink.batch_time)
+                .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
+            let event = tokio::select! {
+                e = stream.next() => e,
+                _ = tokio::time::sleep_until(deadline), if self.pending_end.is_some() && self.current.is_none() => {
+                    self.commit(stream, producer).await?;
+                    continue;
+                }
+                _ = &mut *stop => {
+                    // complete transactions are kept; a partial one comes again
+                    if self.current.is_none() {
+                        self.commit(stream, producer).await?;
+                    }
+                    producer.abort().await.map_err(|e| self.kafka(e))?;
+                    return Ok(());
+                }
+            };
+            let Some(event) = event else {
+                // stop_lsn reached
+                if self.current.is_none() {
+                    self.commit(stream, producer).await?;
+                }
+                producer.abort().await.map_err(|e| self.kafka(e))?;
+                return Ok(());
+            };
+            self.event(event?, stream, producer).await?;
+        }
+    }
+
+    async fn event(
+        &mut self,
+        event: Event,
+        stream: &mut LogicalStream,
+        producer: &mut KafkaProducer,
+    ) -> Result<(), Failure> {
+        match &event {
+            Event::Begin(b) => {
+                self.skip_current = b.final_lsn < self.written;
+                self.current = Some(TxInfo::new(b.xid, b.final_lsn, b.commit_time));
+            }
+            Event::Insert(c) | Event::Update(c) | Event::Delete(c) => {
+                self.change(c.xid, &event, producer).await?;
+            }
+            Event::Truncate(t) => self.change(t.xid, &event, producer).await?,
+            Event::Commit(c) => {
+                self.current = None;
+                if std::mem::take(&mut self.skip_current) {
+                    self.stats.skipped += 1;
+                    stream.ack(c.end_lsn);
+                } else {
+                    self.stats.transactions += 1;
+                    self.transaction_done(c.end_lsn, stream, producer).await?;
+                }
+            }
+            Event::StreamStart(s) => {
+                self.block = Some(s.xid);
+                self.streamed.entry(s.xid).or_insert_with(Spill::new);
+            }
+            Event::StreamStop => self.block = None,
+            Event::StreamAbort(a) => {
+                if a.xid == a.subxid {
+                    if let Some(s) = self.streamed.remove(&a.xid) {
+                        self.streamed_bytes -= s.memory_bytes();
+                    }
+                } else if let Some(s) = self.streamed.get_mut(&a.xid) {
+                    let before = s.memory_bytes();
+                    s.abort_subxact(a.subxid).await?;
+                    self.streamed_bytes -= before - s.memory_bytes();
+                }
+            }
+            Event::StreamCommit(c) => {
+                let spill = self.streamed.remove(&c.xid).unwrap_or_else(Spill::new);
+                self.streamed_bytes -= spill.memory_bytes();
+                if c.commit_lsn < self.written {
+                    self.stats.skipped += 1;
+                    stream.ack(c.end_lsn);
+                    return Ok(());
+                }
+                let tx = TxInfo::new(c.xid, c.commit_lsn, c.commit_time);
+                let mut records = spill.into_reader().await?;
+                while let Some(mut r) = records.next().await? {
+                    if let Some(v) = &r.value {
+                        r.value = Some(
+                            stamp(&self.sink.format, v, &tx).map_err(std::io::Error::other)?,
+                        );
+                    }
+                    self.send(&r, producer).await?;
+                }
+                self.stats.transactions += 1;
+                self.transaction_done(c.end_lsn, stream, producer).await?;
+            }
+            Event::Reconnected { restart_lsn } => {
+                // everything after the acknowledged position comes again
+                tracing::info!(%restart_lsn, "stream reconnected; aborting the open Kafka transaction");
+                producer.abort().await.map_err(|e| self.kafka(e))?;
+                self.pending_end = None;
+                self.batch_bytes = 0;
+                self.batch_since = None;
+                self.current = None;
+                self.skip_current = false;
+                self.streamed.clear();
+                self.streamed_bytes = 0;
+                self.block = None;
+            }
+            // relations are in the stream's cache; messages and origins are
+            // not written; prepares do not come without two-phase decoding
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// A row change or truncate: into Kafka now, or held with its streamed
+    /// transaction.
+    async fn change(
+        &mut self,
+        xid: Option<u32>,
+        event: &Event,
+        producer: &mut KafkaProducer,
+    ) -> Result<(), Failure> {
+        let now = PgTimestamp::now();
+        if let (Some(top), Some(sub)) = (self.block, xid) {
+            // the commit's fields are stamped in at the commit
+            let tx = TxInfo::new(top, Lsn(0), PgTimestamp(0));
+            let records = encode(&self.sink.format, &self.sink.routing, &tx, event, now)?;
+            let spill = self.streamed.get_mut(&top).expect("opened at StreamStart");
+            let before = spill.memory_bytes();
+            for r in records {
+                spill.push(top, sub, r);
+            }
+            self.streamed_bytes += spill.memory_bytes() - before;
+            if self.streamed_bytes > self.sink.memory_limit {
+                self.spill_largest().await?;
+            }
+            return Ok(());
+        }
+        if self.skip_current {
+            return Ok(());
+        }
+        let Some(tx) = self.current else {
+            return Ok(());
+        };
+        for r in encode(&self.sink.format, &self.sink.routing, &tx, event, now)? {
+            self.send(&r, producer).await?;
+        }
+        Ok(())
+    }
+
+    async fn spill_largest(&mut self) -> Result<(), Failure> {
+        while self.streamed_bytes > self.sink.memory_limit / 2 {
+            let Some((_, s)) = self
+                .streamed
+                .iter_mut()
+                .max_by_key(|(_, s)| s.memory_bytes())
+            else {
+                break;
+            };
+            let b = s.memory_bytes();
+            if b == 0 {
+                break;
+            }
+            s.spill(&self.sink.spill_dir).await?;
+            self.streamed_bytes -= b;
+            self.stats.spilled += 1;
+        }
+        Ok(())
+    }
+
+    async fn send(&mut self, r: &Record, producer: &mut KafkaProducer) -> Result<(), Failure> {
+        producer.send(r).await.map_err(|e| self.kafka(e))?;
+        let n = r.key.as_ref().map_or(0, Vec::len) + r.value.as_ref().map_or(0, Vec::len);
+        self.batch_bytes += n;
+        self.stats.records += 1;
+        self.stats.bytes += n as u64;
+        Ok(())
+    }
+
+    async fn transaction_done(
+        &mut self,
+        end_lsn: Lsn,
+        stream: &mut LogicalStream,
+        producer: &mut KafkaProducer,
+    ) -> Result<(), Failure> {
+        self.pending_end = Some(end_lsn);
+        let since = *self
+            .batch_since
+            .get_or_insert_with(tokio::time::Instant::now);
+        if self.batch_bytes >= self.sink.batch_bytes || since.elapsed() >= self.sink.batch_time {
+            self.commit(stream, producer).await?;
+        }
+        Ok(())
+    }
+
+    /// Commits the open Kafka transaction with its progress record, then
+    /// acknowledges the slot.
+    async fn commit(
+        &mut self,
+        stream: &mut LogicalStream,
+        producer: &mut KafkaProducer,
+    ) -> Result<(), Failure> {
+        let Some(end) = self.pending_end else {
+            return Ok(());
+        };
+        producer.commit(end).await.map_err(|e| self.kafka(e))?;
+        self.committed_any = true;
+        self.stats.kafka_commits += 1;
+        self.stats.position = Some(end);
+        self.written = end;
+        self.pending_end = None;
+        self.batch_bytes = 0;
+        self.batch_since = None;
+        stream.ack(end);
+        Ok(())
+    }
+}
