@@ -141,7 +141,7 @@ pub(crate) async fn run(
     }
     let stats = pgwal_kafka::run(config, stream, sink, stop_signal()).await?;
     eprintln!(
-        "pgwal: kafka: {} transactions, {} records ({} bytes) in {} Kafka transactions; {} received again and skipped, {} spilled, {} restarts after Kafka errors; Kafka holds everything up to {}",
+        "pgwal: kafka: {} transactions, {} records ({} bytes) in {} Kafka transactions; {} received again and skipped, {} spilled, {} restarts after Kafka errors, {} starts ahead of the slot; Kafka holds everything up to {}",
         stats.transactions,
         stats.records,
         stats.bytes,
@@ -149,6 +149,7 @@ pub(crate) async fn run(
         stats.skipped,
         stats.spilled,
         stats.kafka_restarts,
+        stats.resumed_ahead_of_slot,
         stats
             .position
             .map_or_else(|| "nothing yet".to_owned(), |l| l.to_string())

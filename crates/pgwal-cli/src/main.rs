@@ -97,6 +97,15 @@ struct SlotDropArgs {
 fn main() -> ExitCode {
     // --config is expanded into options before clap sees them, so a file
     // gets the command line's validation and messages
+    // warnings by default; PGWAL_LOG=debug (or a tracing filter) for more
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PGWAL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
     let args = match config_file::expand(std::env::args_os().collect()) {
         Ok(a) => a,
         Err(e) => {

@@ -37,6 +37,17 @@ pub enum ProducerError {
     /// A blocking call's thread panicked or was cancelled.
     #[error("a Kafka client call did not complete")]
     Join,
+    /// The progress topic could not be read to its end in time; a
+    /// position read short of it could be stale, so none is guessed.
+    #[error("progress topic {topic}: read to offset {offset} of {end} within the timeout")]
+    ProgressTimeout {
+        /// The topic.
+        topic: String,
+        /// How far the read came.
+        offset: i64,
+        /// Its end when the read began.
+        end: i64,
+    },
     /// A progress record that is not one.
     #[error("progress topic {topic}: record for {key} at offset {offset} is not a position")]
     BadProgress {
@@ -93,6 +104,7 @@ pub struct KafkaProducer {
     producer: Arc<ThreadedProducer<DefaultProducerContext>>,
     config: ProducerConfig,
     open: bool,
+    queue_full_waits: u64,
 }
 
 async fn blocking<T: Send + 'static>(
@@ -120,24 +132,32 @@ impl KafkaProducer {
         cc.set("transactional.id", &config.transactional_id)
             .set("enable.idempotence", "true");
         let producer: ThreadedProducer<DefaultProducerContext> = cc.create()?;
+        let t0 = std::time::Instant::now();
         ensure_progress_topic(&config).await?;
+        tracing::debug!(took = ?t0.elapsed(), topic = %config.progress_topic, "progress topic there");
         let producer = Arc::new(producer);
         let p = producer.clone();
         let t = config.timeout;
+        let t0 = std::time::Instant::now();
         blocking(move || p.init_transactions(t)).await?;
+        tracing::debug!(took = ?t0.elapsed(), id = %config.transactional_id, "transactions initialised");
         Ok(KafkaProducer {
             producer,
             config,
             open: false,
+            queue_full_waits: 0,
         })
     }
 
     /// The last committed position of this stream in the progress topic.
     pub async fn committed(&self) -> Result<Option<Lsn>, ProducerError> {
         let cfg = self.config.clone();
-        tokio::task::spawn_blocking(move || read_progress(&cfg))
+        let t0 = std::time::Instant::now();
+        let r = tokio::task::spawn_blocking(move || read_progress(&cfg))
             .await
-            .map_err(|_| ProducerError::Join)?
+            .map_err(|_| ProducerError::Join)?;
+        tracing::debug!(took = ?t0.elapsed(), position = ?r.as_ref().ok(), "progress read");
+        r
     }
 
     /// Adds a record to the open Kafka transaction (opening one if needed).
@@ -163,6 +183,7 @@ impl KafkaProducer {
                     back,
                 )) => {
                     rec = back;
+                    self.queue_full_waits += 1;
                     // the background thread delivers meanwhile
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
@@ -200,7 +221,9 @@ impl KafkaProducer {
         self.send(&progress).await?;
         let p = self.producer.clone();
         let t = self.config.timeout;
+        let t0 = std::time::Instant::now();
         let result = blocking(move || p.commit_transaction(t)).await;
+        tracing::debug!(%end_lsn, took = ?t0.elapsed(), queue_full_waits = self.queue_full_waits, "Kafka commit");
         self.open = false;
         if result.is_err() {
             let p = self.producer.clone();
@@ -246,45 +269,56 @@ fn client_config(cfg: &ProducerConfig) -> ClientConfig {
     cc
 }
 
-/// Reads the progress topic's partition 0 from the start to its high
-/// watermark (read_committed) and returns this stream's last position.
+/// Reads the progress topic's partition 0 from the start with
+/// read_committed and returns this stream's last position.
+///
+/// The read must reach the high watermark that a read_uncommitted reader
+/// sees at the start, not just the last stable offset: a transaction of
+/// another stream still open there would hold the read_committed end below
+/// records this stream committed after it began, and the position read
+/// would be stale. Such a transaction ends within its batch time (this
+/// stream's own earlier one was fenced by `init_transactions`), so the
+/// read waits for it, up to the timeout, and never guesses.
 fn read_progress(cfg: &ProducerConfig) -> Result<Option<Lsn>, ProducerError> {
-    let consumer: BaseConsumer = client_config(cfg)
-        .set("isolation.level", "read_committed")
-        .set("enable.auto.commit", "false")
-        .set(
-            "group.id",
-            format!("{}-progress-reader", cfg.transactional_id),
-        )
+    let group = format!("{}-progress-reader", cfg.transactional_id);
+    let watermarks: BaseConsumer = client_config(cfg)
+        .set("isolation.level", "read_uncommitted")
+        .set("group.id", &group)
         .create()?;
-    let (_, high) = match consumer.fetch_watermarks(&cfg.progress_topic, 0, cfg.timeout) {
+    let (_, end) = match watermarks.fetch_watermarks(&cfg.progress_topic, 0, cfg.timeout) {
         Ok(w) => w,
         // no progress topic yet: nothing was ever committed
         Err(KafkaError::MetadataFetch(_)) => return Ok(None),
         Err(e) => return Err(e.into()),
     };
-    if high <= 0 {
+    if end <= 0 {
         return Ok(None);
     }
+    let consumer: BaseConsumer = client_config(cfg)
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("group.id", &group)
+        .create()?;
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(&cfg.progress_topic, 0, Offset::Beginning)?;
     consumer.assign(&tpl)?;
     let mut last = None;
     let deadline = std::time::Instant::now() + cfg.timeout;
     loop {
-        let pos = consumer
-            .position()?
-            .find_partition(&cfg.progress_topic, 0)
-            .and_then(|p| p.offset().to_raw())
-            .unwrap_or(0);
-        // read_committed stops at the last stable offset, which may sit
-        // below the high watermark while the broker writes a marker
-        let (_, high_now) = consumer.fetch_watermarks(&cfg.progress_topic, 0, cfg.timeout)?;
-        if pos >= high_now.min(high) || std::time::Instant::now() > deadline {
-            break;
-        }
-        match consumer.poll(Duration::from_millis(200)) {
-            None => continue,
+        match consumer.poll(Duration::from_millis(100)) {
+            None => {}
+            // the end of what read_committed may see now
+            Some(Err(KafkaError::PartitionEOF(_))) => {
+                let at = consumer
+                    .position()?
+                    .find_partition(&cfg.progress_topic, 0)
+                    .and_then(|p| p.offset().to_raw())
+                    .unwrap_or(0);
+                if at >= end {
+                    return Ok(last);
+                }
+            }
             Some(Err(e)) => return Err(e.into()),
             Some(Ok(m)) => {
                 if m.key() == Some(cfg.progress_key.as_bytes()) {
@@ -299,6 +333,17 @@ fn read_progress(cfg: &ProducerConfig) -> Result<Option<Lsn>, ProducerError> {
                 }
             }
         }
+        if std::time::Instant::now() > deadline {
+            let at = consumer
+                .position()?
+                .find_partition(&cfg.progress_topic, 0)
+                .and_then(|p| p.offset().to_raw())
+                .unwrap_or(0);
+            return Err(ProducerError::ProgressTimeout {
+                topic: cfg.progress_topic.clone(),
+                offset: at,
+                end,
+            });
+        }
     }
-    Ok(last)
 }

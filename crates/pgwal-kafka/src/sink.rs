@@ -150,6 +150,10 @@ pub struct SinkStats {
     pub spilled: u64,
     /// Restarts after a Kafka error.
     pub kafka_restarts: u64,
+    /// Starts where Kafka held more than the slot had confirmed (the
+    /// previous run stopped between a Kafka commit and the slot's
+    /// acknowledgement): streaming began at Kafka's position.
+    pub resumed_ahead_of_slot: u64,
     /// Where Kafka's progress stands at the end.
     pub position: Option<Lsn>,
 }
@@ -296,13 +300,20 @@ impl<'a> Session<'a> {
             .map_err(|e| self.kafka(e))?;
         let committed = producer.committed().await.map_err(|e| self.kafka(e))?;
         self.stats.position = committed;
-        let mut cfg = stream_cfg.clone();
+        // the slot moves only at positions Kafka holds: an idle advance
+        // would not be in the progress record, and the next start would
+        // find the slot ahead of Kafka
+        let mut cfg = stream_cfg.clone().idle_advance(false);
         if let Some(l) = committed {
             self.written = l;
             cfg = cfg.consumer_position(l);
         }
         tracing::info!(kafka_progress = ?committed, "Kafka sink starting");
         let mut stream = LogicalStream::start(pg.clone(), cfg).await?;
+        if committed.is_some_and(|k| k > stream.confirmed()) {
+            self.stats.resumed_ahead_of_slot += 1;
+            tracing::info!(kafka_progress = ?committed, slot = %stream.confirmed(), "Kafka is ahead of the slot; streaming from Kafka's position");
+        }
         let result = self.pump(&mut stream, &mut producer, stop).await;
         if result.is_err() {
             // nothing partial may commit; the broker aborts it anyway once
@@ -484,9 +495,11 @@ impl<'a> Session<'a> {
             if b == 0 {
                 break;
             }
+            if !s.on_disk() {
+                self.stats.spilled += 1;
+            }
             s.spill(&self.sink.spill_dir).await?;
             self.streamed_bytes -= b;
-            self.stats.spilled += 1;
         }
         Ok(())
     }

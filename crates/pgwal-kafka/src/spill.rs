@@ -48,6 +48,11 @@ impl Spill {
         }
     }
 
+    /// Whether records went to the file.
+    pub(crate) fn on_disk(&self) -> bool {
+        self.file.is_some()
+    }
+
     /// Bytes held in memory.
     pub(crate) fn memory_bytes(&self) -> usize {
         self.memory_bytes

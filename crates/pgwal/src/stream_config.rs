@@ -102,6 +102,15 @@ pub struct StreamConfig {
     /// with [`Error::SlotAhead`](crate::Error::SlotAhead), as with a state
     /// file. `None`: no such record.
     pub consumer_position: Option<Lsn>,
+    /// Whether the slot is confirmed beyond the acknowledged position when
+    /// every delivered event is acknowledged and no transaction is open
+    /// (the server's WAL end from its keepalives), so that a slot whose
+    /// publications see no changes still lets WAL go (default on). Turn it
+    /// off when the consumer's own record is the reference
+    /// (`consumer_position`): that record cannot follow such advances, and
+    /// on the next start the slot would look moved by someone else. The
+    /// slot then moves only at acknowledged transactions.
+    pub idle_advance: bool,
 }
 
 impl StreamConfig {
@@ -129,7 +138,13 @@ impl StreamConfig {
             toast_cache_rows: 0,
             state_file: None,
             consumer_position: None,
+            idle_advance: true,
         }
+    }
+    /// Sets `idle_advance`.
+    pub fn idle_advance(mut self, v: bool) -> Self {
+        self.idle_advance = v;
+        self
     }
     /// Sets `consumer_position`.
     pub fn consumer_position(mut self, v: Lsn) -> Self {

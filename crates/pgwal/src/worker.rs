@@ -152,6 +152,8 @@ struct Session {
     delivery: Delivery,
     /// `StreamConfig::state_file` and the slot it is for.
     state_file: Option<std::path::PathBuf>,
+    /// `StreamConfig::idle_advance`.
+    idle_advance: bool,
     slot: String,
 }
 
@@ -159,7 +161,7 @@ impl Session {
     async fn send_status(&mut self, reply: bool) -> Result<()> {
         let acked = Lsn(self.shared.acked.load(Ordering::SeqCst));
         let confirmed = Lsn(self.shared.confirmed.load(Ordering::SeqCst));
-        let flush = self.delivery.flush_position(acked).max(confirmed);
+        let flush = self.flush_position(acked).max(confirmed);
         // before the send: a send that fails half way may still reach the server
         self.shared.claimed.fetch_max(flush.0, Ordering::SeqCst);
         if flush > confirmed {
@@ -192,9 +194,19 @@ impl Session {
         Ok(())
     }
 
+    /// What to confirm: the acked position, or beyond it when idle
+    /// (unless `StreamConfig::idle_advance` is off).
+    fn flush_position(&self, acked: Lsn) -> Lsn {
+        if self.idle_advance {
+            self.delivery.flush_position(acked)
+        } else {
+            acked
+        }
+    }
+
     fn wants_status(&self) -> bool {
         let acked = Lsn(self.shared.acked.load(Ordering::SeqCst));
-        self.delivery.flush_position(acked) > Lsn(self.shared.confirmed.load(Ordering::SeqCst))
+        self.flush_position(acked) > Lsn(self.shared.confirmed.load(Ordering::SeqCst))
     }
 
     fn note(&mut self, e: &Event) {
@@ -343,6 +355,7 @@ impl Worker {
             delivery: Delivery::default(),
             state_file: self.stream.state_file.clone(),
             slot: self.stream.slot.clone(),
+            idle_advance: self.stream.idle_advance,
         };
         let mut decoder = Decoder::new();
         let batch = self.stream.buffer.clamp(1, MAX_BATCH);

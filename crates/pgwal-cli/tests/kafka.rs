@@ -1,0 +1,496 @@
+//! `pgwal stream --sink kafka` against a real broker (tools/kafka-broker):
+//! every change exactly once, across SIGKILLs of pgwal, crashes of the
+//! broker and terminated walsenders, under a mixed load (TOAST, key
+//! changes, truncates, two-phase commits, large streamed transactions with
+//! rolled-back savepoints and aborts).
+//!
+//! The verdicts, each from what a read_committed consumer sees at the end:
+//! - no record twice;
+//! - the records equal, as a multiset, those of a reference stream of the
+//!   same changes (a slot made before the load, read once without faults
+//!   and encoded alike);
+//! - applied in order to an empty copy, they give the source tables.
+
+#[path = "../../pgwal-kafka/tests/broker/mod.rs"]
+mod broker;
+#[path = "../../pgwal/tests/support/mod.rs"]
+mod support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use broker::{read_all, Broker, Consumed};
+use futures_util::StreamExt;
+use pgwal::{CreateSlotOptions, Event, LogicalStream, Lsn, ReplicationClient, StreamConfig};
+use pgwal_kafka::{encode, DecimalMode, Format, Routing, TxInfo};
+use serde_json::Value;
+use support::{block_on, config, Cluster, Options};
+
+const TABLES: [&str; 4] = ["items", "docs", "scratch", "bulk"];
+const PREFIX: &str = "pgwal";
+const PROGRESS: &str = "pgwal.progress";
+
+const SETUP: &str = "
+CREATE TABLE items (id bigint PRIMARY KEY, ver int NOT NULL, note text);
+CREATE TABLE docs (id int PRIMARY KEY, ver int NOT NULL, body text);
+ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL;
+ALTER TABLE docs REPLICA IDENTITY FULL;
+CREATE TABLE scratch (id int PRIMARY KEY, v int);
+CREATE TABLE bulk (id bigint PRIMARY KEY, round int NOT NULL);
+CREATE PUBLICATION p FOR TABLE items, docs, scratch, bulk;
+";
+
+/// One round of the load: about ten transactions, every change unique
+/// (each update moves a version), so that a record seen twice is a
+/// duplicate and not a second, equal change.
+fn round_sql(r: u64) -> String {
+    let b = r * 1000;
+    let mut s = format!(
+        "
+INSERT INTO items SELECT g, 1, 'r{r}' FROM generate_series({b} + 1, {b} + 20) g;
+BEGIN;
+UPDATE items SET ver = ver + 1 WHERE id BETWEEN {b} + 3 AND {b} + 10;
+UPDATE items SET ver = ver + 1, note = 'again' WHERE id = {b} + 4;
+COMMIT;
+UPDATE items SET id = id + 1000000000, ver = ver + 1 WHERE id = {b} + 1;
+DELETE FROM items WHERE id = {b} + 2;
+INSERT INTO docs VALUES ({r}, 1, (SELECT string_agg(md5(g::text || '{r}'), '') FROM generate_series(1, 300) g));
+UPDATE docs SET ver = ver + 1 WHERE id = {r} - 1;
+BEGIN; INSERT INTO items VALUES ({b} + 500, 1, '2pc'); PREPARE TRANSACTION 'c{r}'; COMMIT PREPARED 'c{r}';
+BEGIN; INSERT INTO items VALUES ({b} + 501, 1, 'rolled back'); PREPARE TRANSACTION 'a{r}'; ROLLBACK PREPARED 'a{r}';
+INSERT INTO scratch VALUES ({r}, 0);
+"
+    );
+    if r % 4 == 0 {
+        s.push_str("TRUNCATE scratch;\n");
+    }
+    if r % 3 == 0 {
+        let b = r * 10_000;
+        s.push_str(&format!(
+            "
+BEGIN;
+INSERT INTO bulk SELECT g, {r} FROM generate_series({b} + 1, {b} + 1000) g;
+SAVEPOINT s;
+INSERT INTO bulk SELECT g, -1 FROM generate_series({b} + 2001, {b} + 2500) g;
+ROLLBACK TO s;
+UPDATE bulk SET round = round + 1 WHERE id BETWEEN {b} + 1 AND {b} + 100;
+COMMIT;
+BEGIN;
+INSERT INTO bulk SELECT g, -2 FROM generate_series({b} + 5001, {b} + 6000) g;
+ROLLBACK;
+"
+        ));
+    }
+    s
+}
+
+/// The running `pgwal stream --sink kafka`.
+struct Sink {
+    child: Child,
+    log: PathBuf,
+}
+
+fn start_sink(c: &Cluster, addr: &str, logs: &Path, n: usize, extra: &[&str]) -> Sink {
+    let log = logs.join(format!("pgwal-{n}.log"));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pgwal"));
+    cmd.arg("-d")
+        .arg(format!("{} sslmode=disable", c.conninfo("postgres")))
+        .args([
+            "stream",
+            "-S",
+            "kslot",
+            "-P",
+            "p",
+            "--streaming",
+            "on",
+            "--sink",
+            "kafka",
+            "--kafka-brokers",
+            addr,
+            "--kafka-topic-prefix",
+            PREFIX,
+            // streamed transactions over 1 MiB spill
+            "--kafka-memory-mib",
+            "1",
+            "--kafka-spill-dir",
+        ])
+        .arg(logs)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(File::create(&log).unwrap());
+    Sink {
+        child: cmd.spawn().unwrap(),
+        log,
+    }
+}
+
+impl Sink {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits up to `limit` for the process to exit; its success and log.
+    fn wait(mut self, limit: Duration) -> (bool, String) {
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return (st.success(), self.log());
+            }
+            if t0.elapsed() > limit {
+                let _ = self.child.kill();
+                panic!("pgwal did not exit within {limit:?}:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn terminate(self) -> (bool, String) {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        self.wait(Duration::from_secs(60))
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Kafka's committed position of the stream, as a read_committed reader
+/// of the progress topic finds it.
+fn kafka_progress(addr: &str) -> Option<Lsn> {
+    read_all(addr, &[PROGRESS], "read_committed")
+        .last()
+        .map(|r| {
+            let v: Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+            v["end_lsn"].as_str().unwrap().parse().unwrap()
+        })
+}
+
+/// Waits until Kafka's progress passed `after` (the sink is writing).
+fn wait_progress(addr: &str, after: Option<Lsn>, sink: &Sink) -> Option<Lsn> {
+    let t0 = Instant::now();
+    loop {
+        let p = kafka_progress(addr);
+        if p > after {
+            return p;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "Kafka's progress stayed at {after:?} for 120 s; pgwal's log:\n{}",
+            sink.log()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+fn topic(table: &str) -> String {
+    format!("{PREFIX}.public.{table}")
+}
+
+fn debezium() -> Format {
+    Format::Debezium {
+        server_name: PREFIX.into(),
+        database: "postgres".into(),
+        decimal: DecimalMode::Precise,
+        tombstones: false,
+    }
+}
+
+/// (topic, key, value without the top-level `ts_ms`, which is the time of
+/// writing).
+type Change = (String, Option<Value>, Value);
+
+fn comparable(topic: &str, key: Option<&[u8]>, value: &[u8]) -> Change {
+    let mut v: Value = serde_json::from_slice(value).unwrap();
+    v.as_object_mut().unwrap().remove("ts_ms");
+    (
+        topic.to_owned(),
+        key.map(|k| serde_json::from_slice(k).unwrap()),
+        v,
+    )
+}
+
+/// The same changes, read once through the slot `ref` without faults and
+/// encoded as the sink does.
+fn reference(c: &Cluster, end: Lsn) -> Vec<Change> {
+    block_on(async {
+        let cfg = StreamConfig::new("ref", ["p"]).stop_lsn(end);
+        let mut s = LogicalStream::start(config(c, "postgres"), cfg)
+            .await
+            .unwrap();
+        let routing = Routing::new(PREFIX, "{prefix}.{schema}.{table}").unwrap();
+        let format = debezium();
+        let mut tx = None;
+        let mut out = Vec::new();
+        while let Some(e) = tokio::time::timeout(Duration::from_secs(60), s.next())
+            .await
+            .unwrap()
+        {
+            let e = e.unwrap();
+            if let Event::Begin(b) = &e {
+                tx = Some(TxInfo::new(b.xid, b.final_lsn, b.commit_time));
+            }
+            if let Some(tx) = &tx {
+                for r in encode(&format, &routing, tx, &e, pgwal::protocol::PgTimestamp::now())
+                    .unwrap()
+                {
+                    out.push(comparable(
+                        &r.topic,
+                        r.key.as_deref(),
+                        r.value.as_deref().unwrap(),
+                    ));
+                }
+            }
+        }
+        out
+    })
+}
+
+/// Applies Debezium records in order to empty tables: table → id → row.
+fn apply(records: &[Consumed]) -> BTreeMap<String, BTreeMap<String, Value>> {
+    let mut db: BTreeMap<String, BTreeMap<String, Value>> = BTreeMap::new();
+    for r in records {
+        let table = r.topic.rsplit('.').next().unwrap().to_owned();
+        let t = db.entry(table).or_default();
+        let v: Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+        let id = |row: &Value| row["id"].to_string();
+        match v["op"].as_str().unwrap() {
+            "c" => {
+                let prev = t.insert(id(&v["after"]), v["after"].clone());
+                assert!(prev.is_none(), "a create of an existing row: {v}");
+            }
+            "u" => {
+                let prev = t.insert(id(&v["after"]), v["after"].clone());
+                assert!(prev.is_some(), "an update of a missing row: {v}");
+            }
+            "d" => {
+                assert!(t.remove(&id(&v["before"])).is_some(), "a delete of a missing row: {v}");
+            }
+            "t" => t.clear(),
+            op => panic!("unknown op {op}"),
+        }
+    }
+    db
+}
+
+fn source(c: &Cluster) -> BTreeMap<String, BTreeMap<String, Value>> {
+    TABLES
+        .iter()
+        .map(|t| {
+            let rows: Vec<Value> = serde_json::from_str(&c.query(&format!(
+                "SELECT coalesce(json_agg(row_to_json(t)), '[]') FROM {t} t"
+            )))
+            .unwrap();
+            let rows = rows
+                .into_iter()
+                .map(|r| (r["id"].to_string(), r))
+                .collect::<BTreeMap<_, _>>();
+            (t.to_string(), rows)
+        })
+        .filter(|(_, rows)| !rows.is_empty())
+        .collect()
+}
+
+/// Rows that differ between the copy and the source (at most 5 per table).
+fn differences(
+    copy: &BTreeMap<String, BTreeMap<String, Value>>,
+    src: &BTreeMap<String, BTreeMap<String, Value>>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let empty = BTreeMap::new();
+    for t in TABLES {
+        let (a, b) = (copy.get(t).unwrap_or(&empty), src.get(t).unwrap_or(&empty));
+        let mut d: Vec<String> = Vec::new();
+        for (id, row) in a {
+            match b.get(id) {
+                None => d.push(format!("{t} {id}: in the copy only: {row}")),
+                Some(r) if r != row => d.push(format!("{t} {id}: copy {row}, source {r}")),
+                _ => {}
+            }
+        }
+        for (id, row) in b {
+            if !a.contains_key(id) {
+                d.push(format!("{t} {id}: in the source only: {row}"));
+            }
+        }
+        if !d.is_empty() {
+            out.push(format!("{t}: {} rows differ", d.len()));
+            out.extend(d.into_iter().take(5));
+        }
+    }
+    out
+}
+
+fn count_in(log: &str, what: &str) -> u64 {
+    log.lines()
+        .filter_map(|l| l.split([',', ';']).map(str::trim).find(|p| p.ends_with(what)))
+        .filter_map(|p| p.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+fn exactly_once(label: &'static str, bin: &Path, rounds: usize) {
+    let b = Broker::start(label);
+    let c = Cluster::start(
+        label,
+        bin,
+        Options {
+            conf: vec![
+                "logical_decoding_work_mem = '64kB'".into(),
+                // feedback only when pgwal sends it: a SIGKILLed pgwal
+                // leaves the slot where it was when that pgwal started
+                "wal_sender_timeout = 0".into(),
+            ],
+            ..Options::default()
+        },
+    );
+    c.psql(SETUP);
+    block_on(async {
+        let mut rc = ReplicationClient::connect(&config(&c, "postgres"))
+            .await
+            .unwrap();
+        for slot in ["ref", "kslot"] {
+            rc.create_logical_slot(slot, &CreateSlotOptions::new())
+                .await
+                .unwrap();
+        }
+    });
+    // kept when the test fails
+    let logs = std::env::temp_dir().join(format!("pgwal-kafka-sink-{label}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&logs);
+    std::fs::create_dir_all(&logs).unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = {
+        let stop = stop.clone();
+        let mut psql = c.psql_command();
+        psql.args(["-f", "-"]).stdin(Stdio::piped()).stdout(Stdio::null());
+        std::thread::spawn(move || {
+            let mut r = 1;
+            let t0 = Instant::now();
+            // paced (at most 10 rounds a second, each about ten
+            // transactions and 500 row changes) and bounded: the faults end
+            // it, or 300 rounds, or 10 minutes
+            while !stop.load(Ordering::SeqCst)
+                && r <= 300
+                && t0.elapsed() < Duration::from_secs(600)
+            {
+                let round_start = Instant::now();
+                let mut child = psql.spawn().unwrap();
+                std::io::Write::write_all(
+                    &mut child.stdin.take().unwrap(),
+                    round_sql(r).as_bytes(),
+                )
+                .unwrap();
+                assert!(child.wait().unwrap().success(), "load round {r} failed");
+                r += 1;
+                std::thread::sleep(Duration::from_millis(100).saturating_sub(round_start.elapsed()));
+            }
+            r - 1
+        })
+    };
+
+    // no status updates until a graceful stop: every restart after a
+    // SIGKILL receives again what Kafka already holds
+    let quiet = ["--status-interval", "600"];
+    let mut n = 0;
+    let mut sink = start_sink(&c, &b.addr, &logs, n, &quiet);
+    let mut progress = wait_progress(&b.addr, None, &sink);
+    for round in 0..rounds {
+        b.crash_and_restart();
+        progress = wait_progress(&b.addr, progress, &sink);
+        let killed = c.query(
+            "SELECT count(pg_terminate_backend(active_pid)) FROM pg_replication_slots \
+             WHERE slot_name = 'kslot' AND active_pid IS NOT NULL",
+        );
+        assert_eq!(killed, "1", "{label} round {round}: no walsender to terminate");
+        progress = wait_progress(&b.addr, progress, &sink);
+        sink.child.kill().unwrap();
+        sink.child.wait().unwrap();
+        n += 1;
+        sink = start_sink(&c, &b.addr, &logs, n, &quiet);
+        progress = wait_progress(&b.addr, progress, &sink);
+    }
+    stop.store(true, Ordering::SeqCst);
+    let load_rounds = load.join().unwrap();
+    let (ok, log) = sink.terminate();
+    assert!(ok, "{label}: pgwal failed on SIGTERM:\n{log}");
+    let ahead = count_in(&log, "starts ahead of the slot");
+    assert!(
+        ahead > 0,
+        "{label}: the pgwal started after a SIGKILL found the slot up to date with Kafka; \
+         the case of a slot behind Kafka was not exercised:\n{log}"
+    );
+    let restarts = count_in(&log, "restarts after Kafka errors");
+    let end: Lsn = c.query("SELECT pg_current_wal_lsn()").parse().unwrap();
+    let (ok, last_log) = start_sink(&c, &b.addr, &logs, n + 1, &["--stop-lsn", &end.to_string()])
+        .wait(Duration::from_secs(300));
+    assert!(ok, "{label}: the catch-up run failed:\n{last_log}");
+
+    let topics: Vec<String> = TABLES.iter().map(|t| topic(t)).collect();
+    let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
+    let committed = read_all(&b.addr, &topics, "read_committed");
+    let uncommitted = read_all(&b.addr, &topics, "read_uncommitted");
+
+    let mut seen: HashMap<Change, u32> = HashMap::new();
+    for r in &committed {
+        *seen
+            .entry(comparable(&r.topic, r.key.as_deref(), r.value.as_deref().unwrap()))
+            .or_default() += 1;
+    }
+    let duplicates: u32 = seen.values().map(|n| n - 1).sum();
+    assert_eq!(duplicates, 0, "{label}: records seen twice by a read_committed consumer");
+
+    let mut expected: HashMap<Change, u32> = HashMap::new();
+    for ch in reference(&c, end) {
+        *expected.entry(ch).or_default() += 1;
+    }
+    let missing = expected.keys().filter(|k| !seen.contains_key(*k)).count();
+    let extra = seen.keys().filter(|k| !expected.contains_key(*k)).count();
+    assert!(
+        missing == 0 && extra == 0,
+        "{label}: {missing} changes of the reference stream not in Kafka, {extra} in Kafka not in it"
+    );
+    assert_eq!(seen, expected);
+    let diff = differences(&apply(&committed), &source(&c));
+    assert!(diff.is_empty(), "{label}: the copy differs from the source:\n{}", diff.join("\n"));
+
+    let kafka = kafka_progress(&b.addr).unwrap();
+    let confirmed: Lsn = c
+        .query("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'kslot'")
+        .parse()
+        .unwrap();
+    assert!(
+        confirmed >= kafka,
+        "{label}: the slot ({confirmed}) was not acknowledged up to Kafka's progress ({kafka})"
+    );
+    let _ = std::fs::remove_dir_all(&logs);
+    eprintln!(
+        "{label}: {load_rounds} load rounds, {} records read_committed, {} read_uncommitted \
+         (aborted Kafka transactions), 0 duplicates; {rounds} × (broker crash, walsender \
+         terminated, pgwal SIGKILLed); the last pgwal started ahead of the slot {ahead} times \
+         and restarted {restarts} times after Kafka errors",
+        committed.len(),
+        uncommitted.len()
+    );
+}
+
+#[test]
+fn exactly_once_across_crashes() {
+    if !broker::have_java() {
+        eprintln!("NOTICE: no java; the Kafka sink test is skipped");
+        return;
+    }
+    for (label, bin) in support::servers() {
+        // the full fault sequence on the patched 18, one round elsewhere
+        let rounds = if label == "pg18" { 3 } else { 1 };
+        exactly_once(label, &bin, rounds);
+    }
+}
