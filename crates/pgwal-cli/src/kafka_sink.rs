@@ -35,10 +35,17 @@ pub(crate) struct KafkaArgs {
     #[arg(long = "kafka-brokers", value_name = "HOSTS")]
     pub(crate) brokers: Option<String>,
     /// Topic prefix (Debezium's topic.prefix).
-    #[arg(long = "kafka-topic-prefix", value_name = "PREFIX", default_value = "pgwal")]
+    #[arg(
+        long = "kafka-topic-prefix",
+        value_name = "PREFIX",
+        default_value = "pgwal"
+    )]
     topic_prefix: String,
     /// Topic of a table: {prefix}, {schema} and {table} are replaced.
-    #[arg(long = "kafka-topic-template", default_value = "{prefix}.{schema}.{table}")]
+    #[arg(
+        long = "kafka-topic-template",
+        default_value = "{prefix}.{schema}.{table}"
+    )]
     topic_template: String,
     /// Record values.
     #[arg(long = "kafka-format", value_enum, default_value = "debezium")]

@@ -154,7 +154,9 @@ impl StreamArgs {
                 return Some("--sink kafka does not copy tables yet: --snapshot and --snapshot-table write to stdout");
             }
             if self.acks == AcksArg::Stdin {
-                return Some("--sink kafka acknowledges after Kafka's commit; --acks stdin does not apply");
+                return Some(
+                    "--sink kafka acknowledges after Kafka's commit; --acks stdin does not apply",
+                );
             }
             if self.messages {
                 return Some("--sink kafka does not write pg_logical_emit_message messages");

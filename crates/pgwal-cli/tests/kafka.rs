@@ -239,8 +239,14 @@ fn reference(c: &Cluster, end: Lsn) -> Vec<Change> {
                 tx = Some(TxInfo::new(b.xid, b.final_lsn, b.commit_time));
             }
             if let Some(tx) = &tx {
-                for r in encode(&format, &routing, tx, &e, pgwal::protocol::PgTimestamp::now())
-                    .unwrap()
+                for r in encode(
+                    &format,
+                    &routing,
+                    tx,
+                    &e,
+                    pgwal::protocol::PgTimestamp::now(),
+                )
+                .unwrap()
                 {
                     out.push(comparable(
                         &r.topic,
@@ -272,7 +278,10 @@ fn apply(records: &[Consumed]) -> BTreeMap<String, BTreeMap<String, Value>> {
                 assert!(prev.is_some(), "an update of a missing row: {v}");
             }
             "d" => {
-                assert!(t.remove(&id(&v["before"])).is_some(), "a delete of a missing row: {v}");
+                assert!(
+                    t.remove(&id(&v["before"])).is_some(),
+                    "a delete of a missing row: {v}"
+                );
             }
             "t" => t.clear(),
             op => panic!("unknown op {op}"),
@@ -331,7 +340,11 @@ fn differences(
 
 fn count_in(log: &str, what: &str) -> u64 {
     log.lines()
-        .filter_map(|l| l.split([',', ';']).map(str::trim).find(|p| p.ends_with(what)))
+        .filter_map(|l| {
+            l.split([',', ';'])
+                .map(str::trim)
+                .find(|p| p.ends_with(what))
+        })
         .filter_map(|p| p.split_whitespace().next()?.parse::<u64>().ok())
         .sum()
 }
@@ -363,7 +376,8 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize) {
         }
     });
     // kept when the test fails
-    let logs = std::env::temp_dir().join(format!("pgwal-kafka-sink-{label}-{}", std::process::id()));
+    let logs =
+        std::env::temp_dir().join(format!("pgwal-kafka-sink-{label}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&logs);
     std::fs::create_dir_all(&logs).unwrap();
 
@@ -371,7 +385,9 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize) {
     let load = {
         let stop = stop.clone();
         let mut psql = c.psql_command();
-        psql.args(["-f", "-"]).stdin(Stdio::piped()).stdout(Stdio::null());
+        psql.args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null());
         std::thread::spawn(move || {
             let mut r = 1;
             let t0 = Instant::now();
@@ -391,7 +407,9 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize) {
                 .unwrap();
                 assert!(child.wait().unwrap().success(), "load round {r} failed");
                 r += 1;
-                std::thread::sleep(Duration::from_millis(100).saturating_sub(round_start.elapsed()));
+                std::thread::sleep(
+                    Duration::from_millis(100).saturating_sub(round_start.elapsed()),
+                );
             }
             r - 1
         })
@@ -410,7 +428,10 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize) {
             "SELECT count(pg_terminate_backend(active_pid)) FROM pg_replication_slots \
              WHERE slot_name = 'kslot' AND active_pid IS NOT NULL",
         );
-        assert_eq!(killed, "1", "{label} round {round}: no walsender to terminate");
+        assert_eq!(
+            killed, "1",
+            "{label} round {round}: no walsender to terminate"
+        );
         progress = wait_progress(&b.addr, progress, &sink);
         sink.child.kill().unwrap();
         sink.child.wait().unwrap();
@@ -442,11 +463,18 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize) {
     let mut seen: HashMap<Change, u32> = HashMap::new();
     for r in &committed {
         *seen
-            .entry(comparable(&r.topic, r.key.as_deref(), r.value.as_deref().unwrap()))
+            .entry(comparable(
+                &r.topic,
+                r.key.as_deref(),
+                r.value.as_deref().unwrap(),
+            ))
             .or_default() += 1;
     }
     let duplicates: u32 = seen.values().map(|n| n - 1).sum();
-    assert_eq!(duplicates, 0, "{label}: records seen twice by a read_committed consumer");
+    assert_eq!(
+        duplicates, 0,
+        "{label}: records seen twice by a read_committed consumer"
+    );
 
     let mut expected: HashMap<Change, u32> = HashMap::new();
     for ch in reference(&c, end) {
@@ -460,7 +488,11 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize) {
     );
     assert_eq!(seen, expected);
     let diff = differences(&apply(&committed), &source(&c));
-    assert!(diff.is_empty(), "{label}: the copy differs from the source:\n{}", diff.join("\n"));
+    assert!(
+        diff.is_empty(),
+        "{label}: the copy differs from the source:\n{}",
+        diff.join("\n")
+    );
 
     let kafka = kafka_progress(&b.addr).unwrap();
     let confirmed: Lsn = c

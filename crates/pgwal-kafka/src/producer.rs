@@ -320,18 +320,18 @@ fn read_progress(cfg: &ProducerConfig) -> Result<Option<Lsn>, ProducerError> {
                 }
             }
             Some(Err(e)) => return Err(e.into()),
-            Some(Ok(m)) => {
-                if m.key() == Some(cfg.progress_key.as_bytes()) {
-                    let v = m.payload().unwrap_or_default();
-                    last = Some(
-                        progress::parse(v).ok_or_else(|| ProducerError::BadProgress {
-                            topic: cfg.progress_topic.clone(),
-                            key: cfg.progress_key.clone(),
-                            offset: m.offset(),
-                        })?,
-                    );
-                }
+            Some(Ok(m)) if m.key() == Some(cfg.progress_key.as_bytes()) => {
+                let v = m.payload().unwrap_or_default();
+                last = Some(
+                    progress::parse(v).ok_or_else(|| ProducerError::BadProgress {
+                        topic: cfg.progress_topic.clone(),
+                        key: cfg.progress_key.clone(),
+                        offset: m.offset(),
+                    })?,
+                );
             }
+            // other streams' positions
+            Some(Ok(_)) => {}
         }
         if std::time::Instant::now() > deadline {
             let at = consumer

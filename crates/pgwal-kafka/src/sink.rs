@@ -417,9 +417,8 @@ impl<'a> Session<'a> {
                 let mut records = spill.into_reader().await?;
                 while let Some(mut r) = records.next().await? {
                     if let Some(v) = &r.value {
-                        r.value = Some(
-                            stamp(&self.sink.format, v, &tx).map_err(std::io::Error::other)?,
-                        );
+                        r.value =
+                            Some(stamp(&self.sink.format, v, &tx).map_err(std::io::Error::other)?);
                     }
                     self.send(&r, producer).await?;
                 }

@@ -2,9 +2,9 @@
 
 mod broker;
 
+use broker::Broker;
 use pgwal_kafka::format::Record;
 use pgwal_kafka::producer::{KafkaProducer, ProducerConfig};
-use broker::Broker;
 
 fn read_committed(addr: &str, topic: &str) -> Vec<String> {
     broker::read_all(addr, &[topic], "read_committed")

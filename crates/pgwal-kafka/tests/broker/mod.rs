@@ -37,10 +37,7 @@ fn run(args: &[&str]) -> String {
 
 impl Broker {
     pub fn start(label: &str) -> Broker {
-        let dir = std::env::temp_dir().join(format!(
-            "pgwal-kafka-{label}-{}",
-            std::process::id()
-        ));
+        let dir = std::env::temp_dir().join(format!("pgwal-kafka-{label}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         // a free pair below the ephemeral range (the controller takes port + 1)
         let port = (15_000..30_000)
@@ -127,7 +124,10 @@ pub fn read_all(addr: &str, topics: &[&str], isolation: &str) -> Vec<Consumed> {
         if done {
             break;
         }
-        assert!(Instant::now() < deadline, "reading {topics:?} took over 120 s");
+        assert!(
+            Instant::now() < deadline,
+            "reading {topics:?} took over 120 s"
+        );
         match c.poll(Duration::from_millis(200)) {
             None => {}
             Some(m) => {
