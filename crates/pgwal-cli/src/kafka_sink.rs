@@ -113,6 +113,7 @@ pub(crate) async fn run(
     a: KafkaArgs,
     slot_check_interval: f64,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    let stop = stop_signal();
     let routing = Routing::new(&a.topic_prefix, &a.topic_template)?;
     let format = match a.format {
         FormatArg::Pgwal => Format::Pgwal,
@@ -146,7 +147,7 @@ pub(crate) async fn run(
             |_| {},
         );
     }
-    let stats = pgwal_kafka::run(config, stream, sink, stop_signal()).await?;
+    let stats = pgwal_kafka::run(config, stream, sink, stop).await?;
     eprintln!(
         "pgwal: kafka: {} transactions, {} records ({} bytes) in {} Kafka transactions; {} received again and skipped, {} spilled, {} restarts after Kafka errors, {} starts ahead of the slot; Kafka holds everything up to {}",
         stats.transactions,
@@ -164,18 +165,31 @@ pub(crate) async fn run(
     Ok(())
 }
 
-/// Ctrl-C or SIGTERM.
-async fn stop_signal() {
+/// Ctrl-C or SIGTERM. The handlers are installed here, before anything
+/// else runs, so that a signal during start-up stops pgwal cleanly rather
+/// than by the default action.
+fn stop_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
+        let term = signal(SignalKind::terminate());
+        let int = signal(SignalKind::interrupt());
+        async move {
+            match (term, int) {
+                (Ok(mut term), Ok(mut int)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = int.recv() => {}
+                    }
+                }
+                _ => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
-            return;
         }
     }
-    let _ = tokio::signal::ctrl_c().await;
+    #[cfg(not(unix))]
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

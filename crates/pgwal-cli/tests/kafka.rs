@@ -121,6 +121,7 @@ fn start_sink(c: &Cluster, addr: &str, logs: &Path, n: usize, extra: &[&str]) ->
         ])
         .arg(logs)
         .args(extra)
+        .env("PGWAL_LOG", "pgwal_kafka=info")
         .stdout(Stdio::null())
         .stderr(File::create(&log).unwrap());
     Sink {
@@ -145,6 +146,20 @@ impl Sink {
                 let _ = self.child.kill();
                 panic!("pgwal did not exit within {limit:?}:\n{}", self.log());
             }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until the process streams (its producer is connected and
+    /// Kafka's position read).
+    fn wait_streaming(&self) {
+        let t0 = Instant::now();
+        while !self.log().contains("streaming into Kafka") {
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "pgwal did not start streaming within 120 s:\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -174,12 +189,18 @@ fn kafka_progress(addr: &str) -> Option<Lsn> {
         })
 }
 
-/// Waits until Kafka's progress passed `after` (the sink is writing).
-fn wait_progress(addr: &str, after: Option<Lsn>, sink: &Sink) -> Option<Lsn> {
+/// Waits until Kafka's progress passed `after` (the sink is writing), or
+/// the load is over.
+fn wait_progress(
+    addr: &str,
+    after: Option<Lsn>,
+    sink: &Sink,
+    load_over: &AtomicBool,
+) -> Option<Lsn> {
     let t0 = Instant::now();
     loop {
         let p = kafka_progress(addr);
-        if p > after {
+        if p > after || (p.is_some() && load_over.load(Ordering::SeqCst)) {
             return p;
         }
         assert!(
@@ -382,8 +403,10 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize) {
     std::fs::create_dir_all(&logs).unwrap();
 
     let stop = Arc::new(AtomicBool::new(false));
+    let load_over = Arc::new(AtomicBool::new(false));
     let load = {
         let stop = stop.clone();
+        let load_over = load_over.clone();
         let mut psql = c.psql_command();
         psql.args(["-f", "-"])
             .stdin(Stdio::piped())
@@ -411,6 +434,7 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize) {
                     Duration::from_millis(100).saturating_sub(round_start.elapsed()),
                 );
             }
+            load_over.store(true, Ordering::SeqCst);
             r - 1
         })
     };
@@ -420,10 +444,10 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize) {
     let quiet = ["--status-interval", "600"];
     let mut n = 0;
     let mut sink = start_sink(&c, &b.addr, &logs, n, &quiet);
-    let mut progress = wait_progress(&b.addr, None, &sink);
+    let mut progress = wait_progress(&b.addr, None, &sink, &load_over);
     for round in 0..rounds {
         b.crash_and_restart();
-        progress = wait_progress(&b.addr, progress, &sink);
+        progress = wait_progress(&b.addr, progress, &sink, &load_over);
         let killed = c.query(
             "SELECT count(pg_terminate_backend(active_pid)) FROM pg_replication_slots \
              WHERE slot_name = 'kslot' AND active_pid IS NOT NULL",
@@ -432,12 +456,13 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize) {
             killed, "1",
             "{label} round {round}: no walsender to terminate"
         );
-        progress = wait_progress(&b.addr, progress, &sink);
+        progress = wait_progress(&b.addr, progress, &sink, &load_over);
         sink.child.kill().unwrap();
         sink.child.wait().unwrap();
         n += 1;
         sink = start_sink(&c, &b.addr, &logs, n, &quiet);
-        progress = wait_progress(&b.addr, progress, &sink);
+        sink.wait_streaming();
+        progress = wait_progress(&b.addr, progress, &sink, &load_over);
     }
     stop.store(true, Ordering::SeqCst);
     let load_rounds = load.join().unwrap();

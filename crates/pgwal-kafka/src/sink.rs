@@ -295,10 +295,15 @@ impl<'a> Session<'a> {
         pcfg: &ProducerConfig,
         stop: &mut (impl Future<Output = ()> + Unpin),
     ) -> Result<(), Failure> {
-        let mut producer = KafkaProducer::connect(pcfg.clone())
-            .await
-            .map_err(|e| self.kafka(e))?;
-        let committed = producer.committed().await.map_err(|e| self.kafka(e))?;
+        // a stop before streaming began leaves nothing to finish
+        let mut producer = tokio::select! {
+            p = KafkaProducer::connect(pcfg.clone()) => p.map_err(|e| self.kafka(e))?,
+            _ = &mut *stop => return Ok(()),
+        };
+        let committed = tokio::select! {
+            c = producer.committed() => c.map_err(|e| self.kafka(e))?,
+            _ = &mut *stop => return Ok(()),
+        };
         self.stats.position = committed;
         // the slot moves only at positions Kafka holds: an idle advance
         // would not be in the progress record, and the next start would
@@ -308,12 +313,18 @@ impl<'a> Session<'a> {
             self.written = l;
             cfg = cfg.consumer_position(l);
         }
-        tracing::info!(kafka_progress = ?committed, "Kafka sink starting");
-        let mut stream = LogicalStream::start(pg.clone(), cfg).await?;
+        let mut stream = tokio::select! {
+            s = LogicalStream::start(pg.clone(), cfg) => s?,
+            _ = &mut *stop => return Ok(()),
+        };
         if committed.is_some_and(|k| k > stream.confirmed()) {
             self.stats.resumed_ahead_of_slot += 1;
-            tracing::info!(kafka_progress = ?committed, slot = %stream.confirmed(), "Kafka is ahead of the slot; streaming from Kafka's position");
         }
+        tracing::info!(
+            kafka = %committed.map_or_else(|| "nothing".to_owned(), |l| l.to_string()),
+            slot = %stream.confirmed(),
+            "streaming into Kafka from what it holds"
+        );
         let result = self.pump(&mut stream, &mut producer, stop).await;
         if result.is_err() {
             // nothing partial may commit; the broker aborts it anyway once
