@@ -9,6 +9,9 @@
 #   null       pgwal stream ... > /dev/null (JSON lines, acked after output)
 #   kafka-dbz  --sink kafka, Debezium envelope (the default format)
 #   kafka-pg   --sink kafka --kafka-format pgwal
+#   kafka-dbz-32m  as kafka-dbz with --kafka-batch-bytes 32 MiB (fewer,
+#              larger Kafka transactions; during a drain the 4 MiB default,
+#              not the 100 ms, ends each)
 # Each run ends at the backlog's end (--stop-lsn). Per run: wall time,
 # rows/s, client CPU (user+sys, /usr/bin/time), the broker's CPU (from
 # /proc), the time pgwal spent waiting for Kafka commits (its debug log)
@@ -21,8 +24,8 @@
 #
 # usage: crates/pgwal-kafka/benches/drain.sh
 # env:   PGWAL_BENCH_BIN (server bin dir; default .build/install/bench/bin),
-#        TXNS, ROWS_PER_TXN, ROUNDS, VARIANTS (default "null kafka-dbz kafka-pg"),
-#        RESULTS_OUT
+#        TXNS, ROWS_PER_TXN, ROUNDS, VARIANTS (default: all four),
+#        KAFKA_ARGS (more pgwal options for the kafka variants), RESULTS_OUT
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../../.." && pwd)
@@ -30,7 +33,7 @@ bin=${PGWAL_BENCH_BIN:-$repo/.build/install/bench/bin}
 txns=${TXNS:-10000}
 per=${ROWS_PER_TXN:-100}
 rounds=${ROUNDS:-3}
-read -r -a variants <<<"${VARIANTS:-null kafka-dbz kafka-pg}"
+read -r -a variants <<<"${VARIANTS:-null kafka-dbz kafka-pg kafka-dbz-32m}"
 [ -x "$bin/postgres" ] || { echo "no server in $bin (server/pg build --flavour bench)" >&2; exit 2; }
 [ -x /usr/bin/time ] || { echo "/usr/bin/time is required (apt install time)" >&2; exit 2; }
 command -v java >/dev/null || { echo "java is required for the broker" >&2; exit 2; }
@@ -89,8 +92,9 @@ for round in $(seq 1 "$rounds"); do
 		args=(-d "$conn" stream -S "s$n" -P p --stop-lsn "$stop" --slot-check-interval 0)
 		case $v in
 		null) ;;
-		kafka-dbz) args+=(--sink kafka --kafka-brokers "$brokers" --kafka-topic-prefix "r$n") ;;
-		kafka-pg) args+=(--sink kafka --kafka-brokers "$brokers" --kafka-topic-prefix "r$n" --kafka-format pgwal) ;;
+		kafka-dbz) args+=(--sink kafka --kafka-brokers "$brokers" --kafka-topic-prefix "r$n" ${KAFKA_ARGS:-}) ;;
+		kafka-dbz-32m) args+=(--sink kafka --kafka-brokers "$brokers" --kafka-topic-prefix "r$n" --kafka-batch-bytes 33554432 ${KAFKA_ARGS:-}) ;;
+		kafka-pg) args+=(--sink kafka --kafka-brokers "$brokers" --kafka-topic-prefix "r$n" --kafka-format pgwal ${KAFKA_ARGS:-}) ;;
 		*) echo "unknown variant $v" >&2; exit 2 ;;
 		esac
 		b0=$(cpu_ticks "$broker_pid")
