@@ -213,23 +213,47 @@ impl KafkaProducer {
     /// transaction; after this returns, the slot may be acknowledged up to
     /// `end_lsn`.
     pub async fn commit(&mut self, end_lsn: Lsn) -> Result<(), ProducerError> {
+        self.start_commit(end_lsn).await?.await
+    }
+
+    /// Writes the progress record and starts the commit, which runs on
+    /// tokio's blocking pool; the returned future completes with it (and
+    /// after a failed commit, an abort). Until it completes nothing may be
+    /// sent: the caller holds what comes meanwhile. This lets a caller read
+    /// on while Kafka commits.
+    pub async fn start_commit(
+        &mut self,
+        end_lsn: Lsn,
+    ) -> Result<
+        impl std::future::Future<Output = Result<(), ProducerError>> + Send + 'static,
+        ProducerError,
+    > {
         let progress = Record {
             topic: self.config.progress_topic.clone(),
             key: Some(self.config.progress_key.clone().into_bytes()),
             value: Some(progress::value(end_lsn)),
         };
         self.send(&progress).await?;
+        self.open = false;
         let p = self.producer.clone();
         let t = self.config.timeout;
+        let waits = self.queue_full_waits;
         let t0 = std::time::Instant::now();
-        let result = blocking(move || p.commit_transaction(t)).await;
-        tracing::debug!(%end_lsn, took = ?t0.elapsed(), queue_full_waits = self.queue_full_waits, "Kafka commit");
-        self.open = false;
-        if result.is_err() {
-            let p = self.producer.clone();
-            let _ = blocking(move || p.abort_transaction(t)).await;
-        }
-        result
+        let handle = tokio::task::spawn_blocking(move || {
+            let r = p.commit_transaction(t);
+            if r.is_err() {
+                let _ = p.abort_transaction(t);
+            }
+            r
+        });
+        Ok(async move {
+            let r = handle
+                .await
+                .map_err(|_| ProducerError::Join)?
+                .map_err(ProducerError::Kafka);
+            tracing::debug!(%end_lsn, took = ?t0.elapsed(), queue_full_waits = waits, "Kafka commit");
+            r
+        })
     }
 }
 

@@ -5,7 +5,10 @@
 //! transaction, with a progress record naming the last PostgreSQL
 //! transaction's end position, at a PostgreSQL commit boundary: after
 //! `batch_bytes` of records or `batch_time`, or when the stream has
-//! nothing more for now. Only then is the slot acknowledged.
+//! nothing more for now. Only when that commit completed is the slot
+//! acknowledged. Meanwhile reading goes on: records that come during a
+//! commit are held (up to `batch_bytes`) and open the next Kafka
+//! transaction once it completed; at most one commit is in flight.
 //!
 //! Why every change is in Kafka exactly once, whatever is killed when:
 //! - A read_committed consumer sees a Kafka transaction whole or not at
@@ -264,7 +267,16 @@ struct Session<'a> {
     block: Option<u32>,
     streamed_bytes: usize,
     committed_any: bool,
+    /// The Kafka commit in flight and the position it makes durable;
+    /// records that come meanwhile wait in `held` (up to `batch_bytes`).
+    committing: Option<(Commit, Lsn)>,
+    held: Vec<Record>,
+    held_bytes: usize,
+    /// A position Kafka now holds, for the slot.
+    to_ack: Option<Lsn>,
 }
+
+type Commit = std::pin::Pin<Box<dyn Future<Output = Result<(), ProducerError>> + Send>>;
 
 impl<'a> Session<'a> {
     fn new(sink: &'a SinkConfig, stats: &'a mut SinkStats) -> Session<'a> {
@@ -281,6 +293,10 @@ impl<'a> Session<'a> {
             block: None,
             streamed_bytes: 0,
             committed_any: false,
+            committing: None,
+            held: Vec::new(),
+            held_bytes: 0,
+            to_ack: None,
         }
     }
 
@@ -348,27 +364,36 @@ impl<'a> Session<'a> {
                 .batch_since
                 .map(|t| t + self.sink.batch_time)
                 .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
+            if let Some(l) = self.to_ack.take() {
+                stream.ack(l);
+            }
+            let committing = self.committing.is_some();
             let event = tokio::select! {
+                // reading goes on while Kafka commits
+                r = async { self.committing.as_mut().expect("guarded").0.as_mut().await }, if committing => {
+                    self.committed(r, producer, true).await?;
+                    continue;
+                }
                 e = stream.next() => e,
                 _ = tokio::time::sleep_until(deadline), if self.pending_end.is_some() && self.current.is_none() => {
-                    self.commit(stream, producer).await?;
+                    self.commit(producer).await?;
                     continue;
                 }
                 _ = &mut *stop => {
                     // complete transactions are kept; a partial one comes again
-                    if self.current.is_none() {
-                        self.commit(stream, producer).await?;
+                    self.finish(producer).await?;
+                    if let Some(l) = self.to_ack.take() {
+                        stream.ack(l);
                     }
-                    producer.abort().await.map_err(|e| self.kafka(e))?;
                     return Ok(());
                 }
             };
             let Some(event) = event else {
                 // stop_lsn reached
-                if self.current.is_none() {
-                    self.commit(stream, producer).await?;
+                self.finish(producer).await?;
+                if let Some(l) = self.to_ack.take() {
+                    stream.ack(l);
                 }
-                producer.abort().await.map_err(|e| self.kafka(e))?;
                 return Ok(());
             };
             self.event(event?, stream, producer).await?;
@@ -397,7 +422,7 @@ impl<'a> Session<'a> {
                     stream.ack(c.end_lsn);
                 } else {
                     self.stats.transactions += 1;
-                    self.transaction_done(c.end_lsn, stream, producer).await?;
+                    self.transaction_done(c.end_lsn, producer).await?;
                 }
             }
             Event::StreamStart(s) => {
@@ -434,11 +459,16 @@ impl<'a> Session<'a> {
                     self.send(&r, producer).await?;
                 }
                 self.stats.transactions += 1;
-                self.transaction_done(c.end_lsn, stream, producer).await?;
+                self.transaction_done(c.end_lsn, producer).await?;
             }
             Event::Reconnected { restart_lsn } => {
                 // everything after the acknowledged position comes again
                 tracing::info!(%restart_lsn, "stream reconnected; aborting the open Kafka transaction");
+                // what the commit in flight holds is complete; what came
+                // after it comes again
+                self.held.clear();
+                self.held_bytes = 0;
+                self.await_commit(producer, false).await?;
                 producer.abort().await.map_err(|e| self.kafka(e))?;
                 self.pending_end = None;
                 self.batch_bytes = 0;
@@ -515,49 +545,107 @@ impl<'a> Session<'a> {
     }
 
     async fn send(&mut self, r: &Record, producer: &mut KafkaProducer) -> Result<(), Failure> {
-        producer.send(r).await.map_err(|e| self.kafka(e))?;
         let n = r.key.as_ref().map_or(0, Vec::len) + r.value.as_ref().map_or(0, Vec::len);
-        self.batch_bytes += n;
         self.stats.records += 1;
         self.stats.bytes += n as u64;
+        if self.committing.is_some() {
+            self.held.push(r.clone());
+            self.held_bytes += n;
+            if self.held_bytes >= self.sink.batch_bytes {
+                self.await_commit(producer, true).await?;
+            }
+            return Ok(());
+        }
+        producer.send(r).await.map_err(|e| self.kafka(e))?;
+        self.batch_bytes += n;
         Ok(())
+    }
+
+    /// Waits for the commit in flight, if any (see [`Session::committed`]).
+    async fn await_commit(
+        &mut self,
+        producer: &mut KafkaProducer,
+        send_held: bool,
+    ) -> Result<(), Failure> {
+        if let Some((c, _)) = self.committing.as_mut() {
+            let r = c.as_mut().await;
+            self.committed(r, producer, send_held).await?;
+        }
+        Ok(())
+    }
+
+    /// A Kafka commit completed: Kafka holds its position, which the slot
+    /// may now be acknowledged with; the held records open the next Kafka
+    /// transaction.
+    async fn committed(
+        &mut self,
+        r: Result<(), ProducerError>,
+        producer: &mut KafkaProducer,
+        send_held: bool,
+    ) -> Result<(), Failure> {
+        let (_, end) = self.committing.take().expect("a commit was in flight");
+        r.map_err(|e| self.kafka(e))?;
+        self.committed_any = true;
+        self.stats.kafka_commits += 1;
+        self.stats.position = Some(end);
+        self.written = end;
+        self.to_ack = Some(end);
+        if send_held {
+            for r in std::mem::take(&mut self.held) {
+                producer.send(&r).await.map_err(|e| self.kafka(e))?;
+                self.batch_bytes +=
+                    r.key.as_ref().map_or(0, Vec::len) + r.value.as_ref().map_or(0, Vec::len);
+            }
+        }
+        self.held.clear();
+        self.held_bytes = 0;
+        Ok(())
+    }
+
+    /// At a stop: complete transactions into Kafka, a partial one aborted
+    /// (it comes again).
+    async fn finish(&mut self, producer: &mut KafkaProducer) -> Result<(), Failure> {
+        if self.current.is_none() {
+            self.commit(producer).await?;
+        }
+        self.await_commit(producer, false).await?;
+        producer.abort().await.map_err(|e| self.kafka(e))
     }
 
     async fn transaction_done(
         &mut self,
         end_lsn: Lsn,
-        stream: &mut LogicalStream,
         producer: &mut KafkaProducer,
     ) -> Result<(), Failure> {
         self.pending_end = Some(end_lsn);
         let since = *self
             .batch_since
             .get_or_insert_with(tokio::time::Instant::now);
-        if self.batch_bytes >= self.sink.batch_bytes || since.elapsed() >= self.sink.batch_time {
-            self.commit(stream, producer).await?;
+        if self.batch_bytes + self.held_bytes >= self.sink.batch_bytes
+            || since.elapsed() >= self.sink.batch_time
+        {
+            self.commit(producer).await?;
         }
         Ok(())
     }
 
-    /// Commits the open Kafka transaction with its progress record, then
-    /// acknowledges the slot.
-    async fn commit(
-        &mut self,
-        stream: &mut LogicalStream,
-        producer: &mut KafkaProducer,
-    ) -> Result<(), Failure> {
-        let Some(end) = self.pending_end else {
+    /// Starts committing the open Kafka transaction with its progress
+    /// record, after the commit before it completed; the slot is
+    /// acknowledged when this one completes.
+    async fn commit(&mut self, producer: &mut KafkaProducer) -> Result<(), Failure> {
+        if self.pending_end.is_none() {
             return Ok(());
-        };
-        producer.commit(end).await.map_err(|e| self.kafka(e))?;
-        self.committed_any = true;
-        self.stats.kafka_commits += 1;
-        self.stats.position = Some(end);
-        self.written = end;
-        self.pending_end = None;
+        }
+        self.await_commit(producer, true).await?;
+        // the held records joined the open transaction; it ends here
+        let end = self.pending_end.take().expect("checked");
+        let c = producer
+            .start_commit(end)
+            .await
+            .map_err(|e| self.kafka(e))?;
+        self.committing = Some((Box::pin(c), end));
         self.batch_bytes = 0;
         self.batch_since = None;
-        stream.ack(end);
         Ok(())
     }
 }
