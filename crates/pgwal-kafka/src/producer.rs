@@ -192,11 +192,6 @@ impl KafkaProducer {
         }
     }
 
-    /// Whether a Kafka transaction is open.
-    pub fn in_transaction(&self) -> bool {
-        self.open
-    }
-
     /// Aborts the open Kafka transaction, if any: none of its records
     /// reach a read_committed consumer.
     pub async fn abort(&mut self) -> Result<(), ProducerError> {

@@ -345,17 +345,9 @@ impl Cluster {
     pub fn psql(&self, sql: &str) -> String {
         let mut c = self.psql_command();
         c.args(["-At", "-f", "-"])
-            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = c.spawn().unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(sql.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        let out = feed(&mut c, sql);
         assert!(
             out.status.success(),
             "psql failed on\n{sql}\n{}",
@@ -368,18 +360,12 @@ impl Cluster {
     /// the code under test); join the handle to learn that it succeeded.
     pub fn psql_in_background(&self, sql: String) -> std::thread::JoinHandle<()> {
         let mut psql = self.psql_command();
-        psql.args(["-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null());
+        psql.args(["-f", "-"]).stdout(Stdio::null());
         std::thread::spawn(move || {
-            let mut child = psql.spawn().unwrap();
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(sql.as_bytes())
-                .unwrap();
-            assert!(child.wait().unwrap().success(), "background psql failed");
+            assert!(
+                feed(&mut psql, &sql).status.success(),
+                "background psql failed"
+            );
         })
     }
 
@@ -418,6 +404,19 @@ impl Drop for Cluster {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Runs `cmd` (psql, say) with `sql` on its stdin and waits for it; what
+/// it writes goes where `cmd` says.
+pub fn feed(cmd: &mut Command, sql: &str) -> std::process::Output {
+    let mut child = cmd.stdin(Stdio::piped()).spawn().unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(sql.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
 }
 
 /// Runs `f` on a multi-threaded Tokio runtime.
