@@ -165,10 +165,47 @@ impl Sink {
         }
     }
 
-    fn terminate(self) -> (bool, String) {
+    fn signal(&self, sig: &str) {
         let pid = self.child.id().to_string();
-        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        Command::new("kill").args([sig, &pid]).status().unwrap();
+    }
+
+    fn terminate(self) -> (bool, String) {
+        self.signal("-TERM");
         self.wait(Duration::from_secs(60))
+    }
+
+    /// SIGKILLs the sink at a moment when Kafka holds more than the slot
+    /// confirmed, so that the next start must skip what it receives again.
+    /// The sink acknowledges shortly after each Kafka commit (its reply to
+    /// the walsender's next keepalive), so a kill at a random moment often
+    /// finds the two equal; stopped (SIGSTOP) it sends nothing, both
+    /// readings hold still, and if the slot had caught up it runs on until
+    /// Kafka moves again.  Returns whether the slot was behind (false only
+    /// if that did not happen within 60 s).
+    fn kill_with_slot_behind(mut self, c: &Cluster, addr: &str, load_over: &AtomicBool) -> bool {
+        let t0 = Instant::now();
+        loop {
+            self.signal("-STOP");
+            // a reply already on the wire reaches the slot first
+            std::thread::sleep(Duration::from_millis(300));
+            let kafka = kafka_progress(addr);
+            let slot: Lsn = c
+                .query(
+                    "SELECT confirmed_flush_lsn FROM pg_replication_slots \
+                     WHERE slot_name = 'kslot'",
+                )
+                .parse()
+                .unwrap();
+            let behind = kafka > Some(slot);
+            if behind || t0.elapsed() > Duration::from_secs(60) {
+                self.child.kill().unwrap();
+                self.child.wait().unwrap();
+                return behind;
+            }
+            self.signal("-CONT");
+            wait_progress(addr, &self, load_over);
+        }
     }
 }
 
@@ -190,23 +227,23 @@ fn kafka_progress(addr: &str) -> Option<Lsn> {
         })
 }
 
-/// Waits until Kafka's progress passed `after` (the sink is writing), or
-/// the load is over.
-fn wait_progress(
-    addr: &str,
-    after: Option<Lsn>,
-    sink: &Sink,
-    load_over: &AtomicBool,
-) -> Option<Lsn> {
+/// Waits until Kafka's progress passed what it is now (the running sink
+/// committed something of its own), or the load is over.  Measured from
+/// now, not from an earlier wait: a new sink starts where the last one
+/// committed, which may already be past an earlier reading, and a wait
+/// against that reading would let the next fault come before this sink
+/// wrote anything.
+fn wait_progress(addr: &str, sink: &Sink, load_over: &AtomicBool) {
     let t0 = Instant::now();
+    let before = kafka_progress(addr);
     loop {
         let p = kafka_progress(addr);
-        if p > after || (p.is_some() && load_over.load(Ordering::SeqCst)) {
-            return p;
+        if p > before || load_over.load(Ordering::SeqCst) {
+            return;
         }
         assert!(
             t0.elapsed() < Duration::from_secs(120),
-            "Kafka's progress stayed at {after:?} for 120 s; pgwal's log:\n{}",
+            "Kafka's progress stayed at {before:?} for 120 s; pgwal's log:\n{}",
             sink.log()
         );
         std::thread::sleep(Duration::from_millis(300));
@@ -417,9 +454,9 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize) {
             let t0 = Instant::now();
             // paced (at most 10 rounds a second, each about ten
             // transactions and 500 row changes) and bounded: the faults end
-            // it, or 300 rounds, or 10 minutes
+            // it, or 2000 rounds, or 10 minutes
             while !stop.load(Ordering::SeqCst)
-                && r <= 300
+                && r <= 2000
                 && t0.elapsed() < Duration::from_secs(600)
             {
                 let round_start = Instant::now();
@@ -442,10 +479,10 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize) {
     let quiet = ["--status-interval", "600"];
     let mut n = 0;
     let mut sink = start_sink(&c, &b.addr, &logs, n, &quiet);
-    let mut progress = wait_progress(&b.addr, None, &sink, &load_over);
+    wait_progress(&b.addr, &sink, &load_over);
     for round in 0..rounds {
         b.crash_and_restart();
-        progress = wait_progress(&b.addr, progress, &sink, &load_over);
+        wait_progress(&b.addr, &sink, &load_over);
         let killed = c.query(
             "SELECT count(pg_terminate_backend(active_pid)) FROM pg_replication_slots \
              WHERE slot_name = 'kslot' AND active_pid IS NOT NULL",
@@ -454,13 +491,16 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize) {
             killed, "1",
             "{label} round {round}: no walsender to terminate"
         );
-        progress = wait_progress(&b.addr, progress, &sink, &load_over);
-        sink.child.kill().unwrap();
-        sink.child.wait().unwrap();
+        wait_progress(&b.addr, &sink, &load_over);
+        let behind = sink.kill_with_slot_behind(&c, &b.addr, &load_over);
+        assert!(
+            behind,
+            "{label} round {round}: Kafka never got ahead of the slot in 60 s"
+        );
         n += 1;
         sink = start_sink(&c, &b.addr, &logs, n, &quiet);
         sink.wait_streaming();
-        progress = wait_progress(&b.addr, progress, &sink, &load_over);
+        wait_progress(&b.addr, &sink, &load_over);
     }
     stop.store(true, Ordering::SeqCst);
     let load_rounds = load.join().unwrap();
