@@ -156,6 +156,27 @@ _PROBE = textwrap.dedent("""
 """)
 
 
+def _reachable_by_others(path: str) -> bool:
+    """Whether any user may execute `path`: the file and every directory
+    above it carry the "others" execute bit."""
+    p = Path(os.path.realpath(path))
+    if not p.is_file() or not p.stat().st_mode & 0o001:
+        return False
+    return all(d.stat().st_mode & 0o001 for d in p.parents)
+
+
+def _python_for_others() -> str:
+    """A Python interpreter the server user can run.  Root's own may live
+    under a 0700 home (a pyenv shim, or the lab's venv made from one), so
+    the system's comes first."""
+    found = [shutil.which("python3"), sys.executable]
+    for cand in ["/usr/bin/python3", "/usr/local/bin/python3", *filter(None, found)]:
+        if _reachable_by_others(cand):
+            return os.path.realpath(cand)
+    raise LabError("volatile page cache self-test: no Python interpreter the server user may run "
+                   "(install the system's python3)")
+
+
 def self_test(log_dir: Path, datadir: Path, run_as_pg) -> None:
     """Show on the node's own file system, as its server user, that a write
     without a sync is lost by undo() and a synced one is kept; raise if not."""
@@ -163,7 +184,7 @@ def self_test(log_dir: Path, datadir: Path, run_as_pg) -> None:
     probe_dir.mkdir(exist_ok=True)
     chown_to_pg(probe_dir)
     try:
-        run_as_pg([shutil.which("python3") or sys.executable, "-c", _PROBE, str(probe_dir)])
+        run_as_pg([_python_for_others(), "-c", _PROBE, str(probe_dir)])
         f1, f2 = probe_dir / "volatile_probe_1", probe_dir / "volatile_probe_2"
         before = (f1.read_bytes(), f2.read_bytes())
         if before != (b"B" * 4096 + b"A" * 4096 + b"C" * 8192, b"D" * 100):
