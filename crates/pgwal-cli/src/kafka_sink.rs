@@ -87,10 +87,23 @@ pub(crate) struct KafkaArgs {
     /// starts over from Kafka's committed position with backoff.
     #[arg(long = "kafka-retry-secs", default_value_t = 300)]
     retry_secs: u64,
+    /// While the publications see no changes but the server's WAL moves on,
+    /// commit a progress record for its position at most this often, so
+    /// the slot lets that WAL go (0: never; the slot then moves only with
+    /// transactions written to Kafka).
+    #[arg(long = "kafka-heartbeat-secs", default_value_t = 10.0, value_parser = parse_secs)]
+    heartbeat_secs: f64,
     /// A librdkafka setting, KEY=VALUE (repeatable): security.protocol,
     /// sasl.*, ssl.*, compression.type, ...
     #[arg(long = "kafka-option", value_name = "KEY=VALUE", value_parser = parse_option)]
     options: Vec<(String, String)>,
+}
+
+fn parse_secs(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=86_400.0).contains(&v) => Ok(v),
+        _ => Err(format!("expected seconds from 0 to 86400, got {s:?}")),
+    }
 }
 
 fn parse_option(s: &str) -> Result<(String, String), String> {
@@ -139,6 +152,7 @@ pub(crate) async fn run(
     }
     sink.retry_for = Duration::from_secs(a.retry_secs);
     sink.client_options = a.options;
+    sink.heartbeat = (a.heartbeat_secs > 0.0).then(|| Duration::from_secs_f64(a.heartbeat_secs));
     if slot_check_interval > 0.0 {
         crate::slot_watch::spawn(
             config.clone(),
@@ -149,7 +163,7 @@ pub(crate) async fn run(
     }
     let stats = pgwal_kafka::run(config, stream, sink, stop).await?;
     eprintln!(
-        "pgwal: kafka: {} transactions, {} records ({} bytes) in {} Kafka transactions; {} received again and skipped, {} spilled, {} restarts after Kafka errors, {} starts ahead of the slot; Kafka holds everything up to {}",
+        "pgwal: kafka: {} transactions, {} records ({} bytes) in {} Kafka transactions; {} received again and skipped, {} spilled, {} restarts after Kafka errors, {} starts ahead of the slot, {} heartbeats; Kafka holds everything up to {}",
         stats.transactions,
         stats.records,
         stats.bytes,
@@ -158,6 +172,7 @@ pub(crate) async fn run(
         stats.spilled,
         stats.kafka_restarts,
         stats.resumed_ahead_of_slot,
+        stats.heartbeats,
         stats
             .position
             .map_or_else(|| "nothing yet".to_owned(), |l| l.to_string())

@@ -35,6 +35,14 @@ const TABLES: [&str; 4] = ["items", "docs", "scratch", "bulk"];
 const PREFIX: &str = "pgwal";
 const PROGRESS: &str = "pgwal.progress";
 
+/// One broker at a time: the tests' brokers would share a directory name
+/// and race for ports, and two JVMs with their clusters crowd two cores.
+static ONE_BROKER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_broker() -> std::sync::MutexGuard<'static, ()> {
+    ONE_BROKER.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 const SETUP: &str = "
 CREATE TABLE items (id bigint PRIMARY KEY, ver int NOT NULL, note text);
 CREATE TABLE docs (id int PRIMARY KEY, ver int NOT NULL, body text);
@@ -409,6 +417,7 @@ fn count_in(log: &str, what: &str) -> u64 {
 }
 
 fn exactly_once(label: &'static str, bin: &Path, rounds: usize) {
+    let _one = one_broker();
     let b = Broker::start(label);
     let c = Cluster::start(
         label,
@@ -476,7 +485,9 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize) {
 
     // no status updates until a graceful stop: every restart after a
     // SIGKILL receives again what Kafka already holds
-    let quiet = ["--status-interval", "600"];
+    // frequent heartbeats: between transactions under load they must move
+    // Kafka's progress without skipping any
+    let quiet = ["--status-interval", "600", "--kafka-heartbeat-secs", "0.5"];
     let mut n = 0;
     let mut sink = start_sink(&c, &b.addr, &logs, n, &quiet);
     wait_progress(&b.addr, &sink, &load_over);
@@ -513,6 +524,7 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize) {
          the case of a slot behind Kafka was not exercised:\n{log}"
     );
     let restarts = count_in(&log, "restarts after Kafka errors");
+    let heartbeats = count_in(&log, "heartbeats");
     let end: Lsn = c.query("SELECT pg_current_wal_lsn()").parse().unwrap();
     let (ok, last_log) = start_sink(&c, &b.addr, &logs, n + 1, &["--stop-lsn", &end.to_string()])
         .wait(Duration::from_secs(300));
@@ -571,7 +583,7 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize) {
         "{label}: {load_rounds} load rounds, {} records read_committed, {} read_uncommitted \
          (aborted Kafka transactions), 0 duplicates; {rounds} × (broker crash, walsender \
          terminated, pgwal SIGKILLed); the last pgwal started ahead of the slot {ahead} times \
-         and restarted {restarts} times after Kafka errors",
+         and restarted {restarts} times after Kafka errors, and committed {heartbeats} heartbeats",
         committed.len(),
         uncommitted.len()
     );
@@ -588,4 +600,127 @@ fn exactly_once_across_crashes() {
         let rounds = if label == "pg18" { 3 } else { 1 };
         exactly_once(label, &bin, rounds);
     }
+}
+
+/// A publication that sees no changes while the server's WAL grows: the
+/// heartbeat commits progress records for the WAL that passed, the slot
+/// follows them, and a restart from them loses and repeats nothing.
+#[test]
+fn heartbeat_lets_the_slot_move_on_a_quiet_publication() {
+    if !broker::have_java() {
+        eprintln!("NOTICE: no java; the Kafka heartbeat test is skipped");
+        return;
+    }
+    let Some((label, bin)) = support::servers().into_iter().last() else {
+        panic!("no server");
+    };
+    let _one = one_broker();
+    let b = Broker::start(label);
+    let c = Cluster::start(label, &bin, Options::default());
+    c.psql(SETUP);
+    c.psql("CREATE TABLE unpublished (id serial PRIMARY KEY, pad text)");
+    block_on(async {
+        let mut rc = ReplicationClient::connect(&config(&c, "postgres"))
+            .await
+            .unwrap();
+        rc.create_logical_slot("kslot", &CreateSlotOptions::new())
+            .await
+            .unwrap();
+    });
+    let logs = std::env::temp_dir().join(format!(
+        "pgwal-kafka-heartbeat-{label}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&logs);
+    std::fs::create_dir_all(&logs).unwrap();
+    let slot_position = || -> Lsn {
+        c.query("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'kslot'")
+            .parse()
+            .unwrap()
+    };
+
+    let sink = start_sink(&c, &b.addr, &logs, 0, &["--kafka-heartbeat-secs", "1"]);
+    sink.wait_streaming();
+    c.psql("INSERT INTO scratch VALUES (1, 1)");
+    let first: Lsn = c
+        .query("SELECT pg_current_wal_insert_lsn()")
+        .parse()
+        .unwrap();
+    // about 8 MB of WAL in 200 transactions the publication does not see,
+    // over at least 4 s (bounded: one statement each)
+    for i in 0..40 {
+        c.psql(
+            "INSERT INTO unpublished (pad) SELECT repeat('x', 2000) FROM generate_series(1, 100); \
+             INSERT INTO unpublished (pad) VALUES ('a'); INSERT INTO unpublished (pad) VALUES ('b'); \
+             INSERT INTO unpublished (pad) VALUES ('c'); INSERT INTO unpublished (pad) VALUES ('d');",
+        );
+        if i % 10 == 9 {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+    let quiet_end: Lsn = c
+        .query("SELECT pg_current_wal_insert_lsn()")
+        .parse()
+        .unwrap();
+    assert!(
+        quiet_end.0 - first.0 > 3 << 20,
+        "the load wrote {first}..{quiet_end}"
+    );
+    // the slot follows Kafka's progress into the WAL the publication had nothing in
+    let t0 = Instant::now();
+    loop {
+        let (kafka, slot) = (kafka_progress(&b.addr), slot_position());
+        if slot.0 >= first.0 + (2 << 20) {
+            assert!(
+                kafka >= Some(slot),
+                "the slot ({slot}) passed Kafka's progress ({kafka:?})"
+            );
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "after 60 s the slot is at {slot} and Kafka at {kafka:?}, the quiet WAL \
+             ran from {first} to {quiet_end}; pgwal's log:\n{}",
+            sink.log()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let before_second: Lsn = c
+        .query("SELECT pg_current_wal_insert_lsn()")
+        .parse()
+        .unwrap();
+    c.psql("INSERT INTO scratch VALUES (2, 2)");
+    let end: Lsn = c
+        .query("SELECT pg_current_wal_insert_lsn()")
+        .parse()
+        .unwrap();
+    eprintln!("quiet WAL {first}..{quiet_end}, the second row's WAL {before_second}..{end}");
+    let (ok, log) = sink.terminate();
+    assert!(ok, "pgwal failed on SIGTERM:\n{log}");
+    let heartbeats = count_in(&log, "heartbeats");
+    assert!(heartbeats > 0, "no heartbeat counted:\n{log}");
+    // a restart from Kafka's progress: the second row once, the first not again
+    let (ok, log2) = start_sink(&c, &b.addr, &logs, 1, &["--stop-lsn", &end.to_string()])
+        .wait(Duration::from_secs(120));
+    assert!(ok, "the restart failed:\n{log2}");
+    let scratch = read_all(&b.addr, &[&topic("scratch")], "read_committed");
+    let ids: Vec<i64> = scratch
+        .iter()
+        .map(|r| {
+            let v: Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+            v["after"]["id"].as_i64().unwrap()
+        })
+        .collect();
+    assert_eq!(
+        ids,
+        [1, 2],
+        "scratch in Kafka; pgwal's logs:\n{log}\n{log2}"
+    );
+    assert!(slot_position() >= end.min(kafka_progress(&b.addr).unwrap()));
+    let _ = std::fs::remove_dir_all(&logs);
+    eprintln!(
+        "{label}: {heartbeats} heartbeats moved the slot through {} MB of WAL the publication \
+         did not see; the restart wrote the next row once",
+        (quiet_end.0 - first.0) >> 20
+    );
 }

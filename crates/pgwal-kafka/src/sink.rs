@@ -27,9 +27,13 @@
 //!
 //! Non-streamed transactions are written as their changes arrive (the
 //! Kafka transaction is still open, so no consumer sees them before the
-//! commit); streamed ones are held ([`crate::spill`]) until their commit,
+//! commit); streamed ones are held (the `spill` module) until their commit,
 //! and dropped at their abort. Memory is bounded: librdkafka's queue (64
 //! MiB) and `memory_limit` for the streamed transactions in progress.
+//!
+//! When the publications see nothing while the server's WAL moves on, a
+//! heartbeat from the stream ([`SinkConfig::heartbeat`]) commits its WAL
+//! position as the progress, so the slot need not hold that WAL.
 //!
 //! Two-phase decoding is refused: a transaction decoded at PREPARE may
 //! still roll back. Without it, a prepared transaction is decoded at
@@ -84,12 +88,18 @@ pub struct SinkConfig {
     pub timeout: Duration,
     /// Further librdkafka settings (see [`ProducerConfig::client_options`]).
     pub client_options: Vec<(String, String)>,
+    /// When the server's WAL moves on while the publications see no
+    /// changes, commit a progress record for its position at most this
+    /// often and acknowledge it, so the slot lets that WAL go; `None`: the
+    /// slot moves only with transactions written to Kafka.
+    pub heartbeat: Option<Duration>,
 }
 
 impl SinkConfig {
     /// Defaults: progress topic `pgwal.progress`, 4 MiB or 100 ms per Kafka
     /// transaction, 64 MiB of streamed transactions in memory, spill to the
-    /// system's temporary directory, retry Kafka for 5 minutes.
+    /// system's temporary directory, retry Kafka for 5 minutes, a progress
+    /// heartbeat at most every 10 seconds.
     pub fn new(brokers: impl Into<String>, routing: Routing, format: Format) -> SinkConfig {
         SinkConfig {
             brokers: brokers.into(),
@@ -104,6 +114,7 @@ impl SinkConfig {
             retry_for: Duration::from_secs(300),
             timeout: Duration::from_secs(30),
             client_options: Vec::new(),
+            heartbeat: Some(Duration::from_secs(10)),
         }
     }
 }
@@ -157,6 +168,9 @@ pub struct SinkStats {
     /// previous run stopped between a Kafka commit and the slot's
     /// acknowledgement): streaming began at Kafka's position.
     pub resumed_ahead_of_slot: u64,
+    /// Progress records committed for WAL the publications had nothing in
+    /// ([`SinkConfig::heartbeat`]).
+    pub heartbeats: u64,
     /// Where Kafka's progress stands at the end.
     pub position: Option<Lsn>,
 }
@@ -325,6 +339,9 @@ impl<'a> Session<'a> {
         // would not be in the progress record, and the next start would
         // find the slot ahead of Kafka
         let mut cfg = stream_cfg.clone().idle_advance(false);
+        if let Some(every) = self.sink.heartbeat {
+            cfg = cfg.heartbeat(every);
+        }
         if let Some(l) = committed {
             self.written = l;
             cfg = cfg.consumer_position(l);
@@ -460,6 +477,16 @@ impl<'a> Session<'a> {
                 }
                 self.stats.transactions += 1;
                 self.transaction_done(c.end_lsn, producer).await?;
+            }
+            // delivered only between transactions (the stream holds it back
+            // while a streamed one is open)
+            Event::Heartbeat { wal_end }
+                if self.current.is_none()
+                    && self.streamed.is_empty()
+                    && *wal_end > self.written.max(self.pending_end.unwrap_or_default()) =>
+            {
+                self.stats.heartbeats += 1;
+                self.transaction_done(*wal_end, producer).await?;
             }
             Event::Reconnected { restart_lsn } => {
                 // everything after the acknowledged position comes again

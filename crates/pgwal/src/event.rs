@@ -139,6 +139,15 @@ pub enum Event {
         /// Where the new session starts.
         restart_lsn: Lsn,
     },
+    /// Only with [`StreamConfig::heartbeat`](crate::StreamConfig::heartbeat):
+    /// the server's WAL reached `wal_end` and every transaction that ended
+    /// before it was delivered before this event (or had nothing for the
+    /// publications). Acknowledge `wal_end` once the consumer's own record
+    /// holds it.
+    Heartbeat {
+        /// The server's WAL position from its keepalive.
+        wal_end: Lsn,
+    },
 }
 
 impl Event {
@@ -153,6 +162,7 @@ impl Event {
             Event::RollbackPrepared(r) => Some(r.rollback_end_lsn),
             Event::Message(m) if !m.is_transactional() => Some(m.lsn),
             Event::StreamAbort(a) if a.xid == a.subxid => a.abort.map(|(lsn, _)| lsn),
+            Event::Heartbeat { wal_end } => Some(*wal_end),
             _ => None,
         }
     }

@@ -111,6 +111,14 @@ pub struct StreamConfig {
     /// on the next start the slot would look moved by someone else. The
     /// slot then moves only at acknowledged transactions.
     pub idle_advance: bool,
+    /// Deliver an [`Event::Heartbeat`](crate::Event::Heartbeat) at most this
+    /// often when the server's WAL moved past everything delivered while no
+    /// transaction is open (default `None`: never). For consumers with
+    /// `idle_advance` off that keep their own record: a slot whose
+    /// publications see no changes otherwise holds WAL back for ever.
+    /// Acknowledging the heartbeat's `wal_end` once the consumer recorded it
+    /// lets the slot move on.
+    pub heartbeat: Option<Duration>,
 }
 
 impl StreamConfig {
@@ -139,7 +147,13 @@ impl StreamConfig {
             state_file: None,
             consumer_position: None,
             idle_advance: true,
+            heartbeat: None,
         }
+    }
+    /// Sets `heartbeat`.
+    pub fn heartbeat(mut self, every: Duration) -> Self {
+        self.heartbeat = Some(every);
+        self
     }
     /// Sets `idle_advance`.
     pub fn idle_advance(mut self, v: bool) -> Self {

@@ -155,6 +155,8 @@ struct Session {
     /// `StreamConfig::idle_advance`.
     idle_advance: bool,
     slot: String,
+    /// When this session last delivered an `Event::Heartbeat`.
+    last_heartbeat: Option<tokio::time::Instant>,
 }
 
 impl Session {
@@ -202,6 +204,26 @@ impl Session {
         } else {
             acked
         }
+    }
+
+    /// A heartbeat for a keepalive at `wal_end`, when one is due: no
+    /// transaction open (the keepalive follows everything decoded before
+    /// it), the WAL moved past what was delivered and acknowledged, and the
+    /// last one is at least `every` old.
+    fn heartbeat(&mut self, wal_end: Lsn, every: Option<Duration>) -> Option<Event> {
+        let every = every?;
+        let d = &self.delivery;
+        let done = d
+            .last_ack_point
+            .max(Lsn(self.shared.acked.load(Ordering::SeqCst)));
+        if d.in_txn || !d.open_streams.is_empty() || wal_end <= done {
+            return None;
+        }
+        if self.last_heartbeat.is_some_and(|t| t.elapsed() < every) {
+            return None;
+        }
+        self.last_heartbeat = Some(tokio::time::Instant::now());
+        Some(Event::Heartbeat { wal_end })
     }
 
     fn wants_status(&self) -> bool {
@@ -356,6 +378,7 @@ impl Worker {
             state_file: self.stream.state_file.clone(),
             slot: self.stream.slot.clone(),
             idle_advance: self.stream.idle_advance,
+            last_heartbeat: None,
         };
         let mut decoder = Decoder::new();
         let batch = self.stream.buffer.clamp(1, MAX_BATCH);
@@ -419,6 +442,10 @@ impl Worker {
                                     s.shared.server_end.fetch_max(k.wal_end.0, Ordering::Relaxed);
                                     if k.reply_requested || s.wants_status() {
                                         s.send_status(false).await?;
+                                    }
+                                    if let Some(ev) = s.heartbeat(k.wal_end, self.stream.heartbeat) {
+                                        s.note(&ev);
+                                        pending.push(ev);
                                     }
                                     let d = &s.delivery;
                                     if stop.is_some_and(|stop| k.wal_end >= stop && !d.in_txn && d.open_streams.is_empty()) {
