@@ -286,6 +286,82 @@ fn idle_publication_advances_slot() {
     }
 }
 
+/// Heartbeats under a load that mixes published and unpublished writes:
+/// never inside a transaction, and no transaction delivered after one
+/// commits before its `wal_end` (a consumer that records a heartbeat as its
+/// position would skip such a transaction after a restart).
+#[test]
+fn heartbeats_come_between_transactions_and_skip_nothing() {
+    for (label, bin) in support::servers() {
+        let c = Cluster::start(label, &bin, Options::default());
+        c.psql(SETUP);
+        block_on(async {
+            make_slot(&c, "s").await;
+            let cfg = fast(StreamConfig::new("s", ["p"]))
+                .idle_advance(false)
+                .heartbeat(Duration::from_millis(50));
+            let mut s = LogicalStream::start(config(&c, "postgres"), cfg)
+                .await
+                .unwrap();
+            let load = {
+                let mut psql = c.psql_command();
+                psql.args(["-f", "-"]).stdout(std::process::Stdio::null());
+                std::thread::spawn(move || {
+                    // bounded: 60 rounds
+                    for r in 0..60 {
+                        let sql = format!(
+                            "INSERT INTO other (pad) SELECT repeat('x', 500) FROM generate_series(1, 200);\n\
+                             INSERT INTO t VALUES ({r}, 'r');\n\
+                             BEGIN; INSERT INTO other (pad) VALUES ('y'); UPDATE t SET v = 'u' WHERE id = {r}; COMMIT;\n"
+                        );
+                        assert!(support::feed(&mut psql, &sql).status.success());
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                })
+            };
+            let mut in_txn = false;
+            let mut last_heartbeat = Lsn::INVALID;
+            let (mut heartbeats, mut commits) = (0, 0);
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while commits < 120 {
+                assert!(
+                    Instant::now() < deadline,
+                    "{label}: {commits} of 120 commits in 120 s"
+                );
+                let e = next(&mut s).await;
+                match &e {
+                    Event::Begin(b) => {
+                        assert!(
+                            b.final_lsn >= last_heartbeat,
+                            "{label}: a transaction committing at {} after a heartbeat at {last_heartbeat}",
+                            b.final_lsn
+                        );
+                        in_txn = true;
+                    }
+                    Event::Commit(_) => {
+                        in_txn = false;
+                        commits += 1;
+                    }
+                    Event::Heartbeat { wal_end } => {
+                        assert!(!in_txn, "{label}: a heartbeat inside a transaction");
+                        assert!(*wal_end > last_heartbeat);
+                        last_heartbeat = *wal_end;
+                        heartbeats += 1;
+                    }
+                    _ => {}
+                }
+                if let Some(l) = e.ack_lsn() {
+                    s.ack(l);
+                }
+            }
+            load.join().unwrap();
+            assert!(heartbeats > 0, "{label}: no heartbeat in {commits} commits");
+            eprintln!("{label}: {heartbeats} heartbeats between {commits} transactions");
+            s.shutdown().await.unwrap();
+        });
+    }
+}
+
 #[test]
 fn slow_consumer_does_not_starve_feedback() {
     for (label, bin) in support::servers() {
