@@ -43,6 +43,10 @@ def _med(recs, key):
     return float(np.median(v)) if v else None
 
 
+def _runs_range(vals) -> str:
+    return f"{min(vals):.2f}–{max(vals):.2f}" if vals else "–"
+
+
 def commit_model_section(variants) -> list[str]:
     """COMMIT latency (pgbench -r) against the latency model (model.py),
     for groups whose workload timed its COMMIT apart."""
@@ -54,27 +58,49 @@ def commit_model_section(variants) -> list[str]:
     inp = model.inputs(first.get("proof"), reply_events=reply)
     if inp is None:
         return ["", "COMMIT latency measured, but the proof lacks a disk probe or a link: no model."]
+    # the calibrated model's measured term: `local` in each unflushed mode of the group
+    local = {}
+    for recs in variants.values():
+        meta = recs[0].get("variant_config", {}).get("meta", {})
+        if meta.get("level") == "local" and _med(recs, "commit_ms") is not None:
+            local[meta.get("unflushed") == "written"] = _med(recs, "commit_ms")
     lines = ["", f"COMMIT latency against the model (design v2 §12.1; inputs from the proof, ms: "
                  f"primary pwrite {inp['w']:.3f}, fdatasync {inp['F_p']:.3f}; RTT {inp['rtt']:.3f}; "
                  f"standby pwrite {inp['W_s']:.3f}, fdatasync {inp['F_s']:.3f}; standby replies after its "
                  f"write: {'yes' if inp['write_reply'] else 'no'}). Measured: the mean of each run's COMMIT "
                  f"(pgbench -r), median over runs. Fits: within ±{model.TOLERANCE:.0%} or "
-                 f"±{model.TOLERANCE_MS} ms.", "",
-             "| variant | COMMIT ms | runs min–max | model ms | measured − model ms | deviation % | fits |",
-             "|---|---|---|---|---|---|---|"]
+                 f"±{model.TOLERANCE_MS} ms."]
+    if local:
+        lines[-1] += (" Calibrated: the model with the primary's own commit work measured by the `local` "
+                      "variant of the same unflushed mode (model.py).")
+    lines += ["", "| variant | COMMIT ms | runs min–max | model ms | measured − model ms | deviation % | fits |"
+              + (" calibrated ms | measured − calibrated ms | fits |" if local else ""),
+              "|---|---|---|---|---|---|---|" + ("---|---|---|" if local else "")]
     for v, recs in variants.items():
         meta = recs[0].get("variant_config", {}).get("meta", {})
         got = _med(recs, "commit_ms")
         vals = _vals(recs, "commit_ms")
+        unflushed = meta.get("unflushed") == "written"
         try:
-            want = model.predict(meta.get("level"), meta.get("unflushed") == "written", inp)
+            want = model.predict(meta.get("level"), unflushed, inp)
         except ValueError:
             want = None
+        calibrated = ""
+        if local:
+            base = local.get(unflushed, local.get(False))
+            if meta.get("level") == "local":
+                calibrated = " (calibration) | – | – |"
+            elif got is None or want is None or base is None:
+                calibrated = " – | – | – |"
+            else:
+                cal = model.predict_calibrated(meta.get("level"), unflushed, inp, base)
+                calibrated = f" {cal:.2f} | {got - cal:+.2f} | {'yes' if model.fits(got, cal) else '**no**'} |"
         if got is None or want is None:
-            lines.append(f"| {v} | {_fmt(got, 2)} | – | – | – | – | – |")
+            lines.append(f"| {v} | {_fmt(got, 2)} | {_runs_range(vals)} | – | – | – | – |" + calibrated)
             continue
-        lines.append(f"| {v} | {got:.2f} | {min(vals):.2f}–{max(vals):.2f} | {want:.2f} | {got - want:+.2f} | "
-                     f"{(got / want - 1) * 100:+.1f} | {'yes' if model.fits(got, want) else '**no**'} |")
+        lines.append(f"| {v} | {got:.2f} | {_runs_range(vals)} | {want:.2f} | {got - want:+.2f} | "
+                     f"{(got / want - 1) * 100:+.1f} | {'yes' if model.fits(got, want) else '**no**'} |"
+                     + calibrated)
     return lines
 
 

@@ -39,6 +39,47 @@ def test_remote_write_waits_for_the_flush_reply_without_a_write_reply():
         model.predict("local", False, inp)
 
 
+def test_calibrated_model_adds_the_measured_local_commit():
+    inp = model.inputs(PROOF, reply_events="receive, write, flush")
+    # local COMMIT 2.4 ms = 0.4 ms of the primary's own work + the 2 ms fsync
+    assert model.predict_calibrated("remote_receive", False, inp, 2.4) == pytest.approx(2.4 + 2.1)
+    assert model.predict_calibrated("remote_write", False, inp, 2.4) == pytest.approx(2.4 + 2.1 + 0.02)
+    # with unflushed streaming the round trip overlaps the fsync, the 0.4 ms does not
+    assert model.predict_calibrated("remote_receive", True, inp, 2.4) == pytest.approx(0.4 + 2.1)
+    assert model.predict_calibrated("on", True, dict(inp, F_p=10.0), 10.4) == pytest.approx(10.4)
+    # the plain model is the calibrated one with only the probe's write as the primary's work
+    for level in ("remote_receive", "remote_write", "on"):
+        for unflushed in (False, True):
+            assert model.predict_calibrated(level, unflushed, inp, 0.01 + 2.0) == pytest.approx(
+                model.predict(level, unflushed, inp))
+
+
+def test_report_shows_the_calibrated_model_when_the_group_ran_local():
+    from pgwal_lab.report import commit_model_section
+
+    def recs(level, unflushed, commit_ms):
+        return [{"metrics": {"commit_ms": c}, "proof": PROOF, "params": {"reply_events": "receive,write,flush"},
+                 "variant_config": {"meta": {"level": level, "unflushed": unflushed}}} for c in commit_ms]
+
+    variants = {"local": recs("local", "off", [2.4, 2.5, 2.3]),
+                "local+uw": recs("local", "written", [2.5, 2.5]),
+                "remote_receive": recs("remote_receive", "off", [4.5, 4.6]),
+                "remote_receive+uw": recs("remote_receive", "written", [2.6, 2.6])}
+    text = "\n".join(commit_model_section(variants))
+    assert "calibrated ms" in text
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in text.splitlines() if line.startswith("| ")}
+    assert rows["local"][-3] == "(calibration)"
+    # plain model 4.11, calibrated 2.4 + 2.1 = 4.50: the 0.44 ms miss becomes -0.05
+    assert rows["remote_receive"][2:6] == ["4.11", "+0.44", "+10.7", "yes"]
+    assert rows["remote_receive"][-3:] == ["4.50", "+0.05", "yes"]
+    # +uw calibrates with local+uw: 2.5 - 2.0 + 2.1
+    assert rows["remote_receive+uw"][-3:] == ["2.60", "+0.00", "yes"]
+    # without a local variant the section has no calibrated columns
+    del variants["local"], variants["local+uw"]
+    assert "calibrated" not in "\n".join(commit_model_section(variants))
+
+
 def test_fits_is_relative_or_absolute_whichever_is_wider():
     assert model.fits(11.4, 10.0) and not model.fits(11.6, 10.0)
     assert model.fits(1.29, 1.0) and not model.fits(1.31, 1.0)  # ±0.3 ms beats 15 % of 1 ms

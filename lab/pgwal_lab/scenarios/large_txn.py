@@ -13,7 +13,8 @@ shim spec such as "fsync=2000,match=pg_wal" (the primary's WAL fsync cost).
 commit_apart=true runs BEGIN, INSERT and COMMIT as separate statements and
 times each (pgbench -r): the report then compares each variant's COMMIT
 latency with the latency model of design v2 (§12.1), from the proved
-fsync and round-trip times.  reply_events sets the standby's
+fsync and round-trip times; with `local` among the levels it also shows
+the model calibrated by local's measured COMMIT (model.py).  reply_events sets the standby's
 wal_receiver_reply_events (the lab's default 'receive, flush' sends no
 reply after the write, so remote_write then waits for the flush reply;
 'receive, write, flush' gives each level its own reply)."""
