@@ -14,6 +14,15 @@ bounds the resolution; the bias is the same for every variant, and a
 median over thousands of samples with unaligned phases averages it out.
 The queries cost CPU (both connections, 1/interval each), so it is off
 unless asked for (MethodConf.replay_probe_s).
+
+The same standby query also reads where the WAL stood on its way (HOPS):
+written and flushed by the walreceiver, the primary's flush position it
+has heard (`upstream_flush_lsn`, patch 0008; NULL unless the stream
+carries it), usable by the startup process (`pg_last_wal_receive_lsn()`,
+which in unflushed mode is capped by that position), and replayed.  Each
+hop gets the same delay from the primary's flush, so a slow replay can be
+placed: waiting for the standby's own flush, for the primary's flush
+position, or for the replay itself.
 """
 from __future__ import annotations
 
@@ -23,7 +32,20 @@ import time
 import numpy as np
 
 QUERY_PRIMARY = "SELECT pg_wal_lsn_diff(pg_current_wal_flush_lsn(), '0/0')"
-QUERY_STANDBY = "SELECT pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '0/0')"
+# the order of HOPS; a NULL position (no walreceiver, no such column) is never reached
+HOPS = ("written", "flushed", "upstream_flush", "usable", "replay")
+_QUERY_STANDBY = """SELECT (SELECT pg_wal_lsn_diff(written_lsn, '0/0') FROM pg_stat_wal_receiver),
+       (SELECT pg_wal_lsn_diff(flushed_lsn, '0/0') FROM pg_stat_wal_receiver),
+       {upstream},
+       pg_wal_lsn_diff(pg_last_wal_receive_lsn(), '0/0'),
+       pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '0/0')"""
+HAS_UPSTREAM = ("SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'pg_stat_wal_receiver'::regclass "
+                "AND attname = 'upstream_flush_lsn')")
+
+
+def standby_query(has_upstream: bool) -> str:
+    return _QUERY_STANDBY.format(upstream="(SELECT pg_wal_lsn_diff(upstream_flush_lsn, '0/0') "
+                                 "FROM pg_stat_wal_receiver)" if has_upstream else "NULL")
 
 
 def delays(primary: list[tuple[float, float]], standby: list[tuple[float, float]]) -> np.ndarray:
@@ -45,22 +67,27 @@ class ReplayDelaySampler(threading.Thread):
         super().__init__(daemon=True)
         self.primary, self.standby, self.interval = primary, standby, interval
         self.p_samples: list[tuple[float, float]] = []
-        self.s_samples: list[tuple[float, float]] = []
+        # one list of (time, position) per hop, in the order of HOPS
+        self.s_samples: list[list[tuple[float, float]]] = [[] for _ in HOPS]
         self.stop_ev = threading.Event()
         self.error: str | None = None
 
     @staticmethod
-    def _read(conn, query) -> tuple[float, float]:
+    def _read(conn, query) -> tuple[float, tuple]:
         t0 = time.monotonic()
-        v = conn.execute(query).fetchone()[0]
-        return (t0 + time.monotonic()) / 2, float(v)
+        row = conn.execute(query).fetchone()
+        return (t0 + time.monotonic()) / 2, row
 
     def run(self) -> None:
         try:
             with self.primary.connect() as pc, self.standby.connect() as sc:
+                query = standby_query(bool(sc.execute(HAS_UPSTREAM).fetchone()[0]))
                 while not self.stop_ev.is_set():
-                    self.p_samples.append(self._read(pc, QUERY_PRIMARY))
-                    self.s_samples.append(self._read(sc, QUERY_STANDBY))
+                    t, (flush,) = self._read(pc, QUERY_PRIMARY)
+                    self.p_samples.append((t, float(flush)))
+                    t, row = self._read(sc, query)
+                    for samples, pos in zip(self.s_samples, row):
+                        samples.append((t, float("-inf") if pos is None else float(pos)))
                     self.stop_ev.wait(self.interval)
         except Exception as e:  # a failed probe leaves the run's other figures alone
             self.error = str(e)[:200]
@@ -68,8 +95,11 @@ class ReplayDelaySampler(threading.Thread):
     def stop(self) -> dict:
         self.stop_ev.set()
         self.join(5)
-        d = delays(self.p_samples, self.s_samples) * 1000
-        return {"flush_to_replay_ms_p50": float(np.percentile(d, 50)) if d.size else None,
-                "flush_to_replay_ms_p90": float(np.percentile(d, 90)) if d.size else None,
-                "flush_to_replay_ms_p99": float(np.percentile(d, 99)) if d.size else None,
-                "flush_to_replay_samples": int(d.size), "flush_to_replay_error": self.error}
+        out: dict = {}
+        for hop, samples in zip(HOPS, self.s_samples):
+            d = delays(self.p_samples, samples) * 1000
+            for q in (50, 90, 99):
+                out[f"flush_to_{hop}_ms_p{q}"] = float(np.percentile(d, q)) if d.size else None
+            out[f"flush_to_{hop}_samples"] = int(d.size)
+        out["flush_to_replay_error"] = self.error
+        return out

@@ -22,6 +22,7 @@ import matplotlib.ticker  # noqa: E402,F401
 import numpy as np  # noqa: E402
 
 from . import model, stats  # noqa: E402
+from .replay_delay import HOPS  # noqa: E402
 from .proof import summary  # noqa: E402
 from .store import cpu_label, is_busy  # noqa: E402
 
@@ -121,6 +122,17 @@ def replay_delay_section(variants) -> list[str]:
                      f"{_fmt(_med(recs, 'flush_to_replay_ms_p99'), 2)} | "
                      f"{_fmt(_med(recs, 'replay_lag_ms_mean'), 2)} | "
                      f"{_fmt(_med(recs, 'flush_to_replay_samples'), 0)} |")
+    if any(r["metrics"].get("flush_to_flushed_ms_p50") is not None for recs in variants.values() for r in recs):
+        hops = [h for h in HOPS if h != "replay"]
+        lines += ["", "The same delay to each hop on the standby (p50 / p99 ms; *written*, *flushed*: by its "
+                      "walreceiver; *upstream_flush*: it has heard that the primary flushed it (`upstream_flush_lsn`, "
+                      "streams with the sender flush position only); *usable*: `pg_last_wal_receive_lsn()`, what "
+                      "the startup process may replay):", "",
+                  "| variant | " + " | ".join(hops) + " | replay |", "|---|" + "---|" * (len(hops) + 1)]
+        for v, recs in variants.items():
+            cells = [f"{_fmt(_med(recs, f'flush_to_{h}_ms_p50'), 2)} / {_fmt(_med(recs, f'flush_to_{h}_ms_p99'), 2)}"
+                     for h in hops + ["replay"]]
+            lines.append(f"| {v} | " + " | ".join(cells) + " |")
     return lines
 
 

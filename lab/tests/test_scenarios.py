@@ -110,13 +110,24 @@ def test_unflushed_variants_and_commit_model_smoke(pg_bin, tmp_path):
         assert uw == ("written" if r["variant"].endswith("+uw") else "off")
     records, out = run_scenario("large-txn", pg_bin, {"commit_apart": True, "clients": 1, "net": "1ms",
                                                       "reply_events": "receive,write,flush",
-                                                      "levels": ["remote_receive", "on"]},
+                                                      "levels": ["local", "remote_receive", "on"],
+                                                      "replay_probe_ms": 5},
                                 smoke=True, results=tmp_path / "b2", max_minutes=5, quiet=True)
-    assert sorted(r["variant"] for r in records) == ["on", "on+uw", "remote_receive", "remote_receive+uw"]
+    assert sorted(r["variant"] for r in records) == ["local", "local+uw", "on", "on+uw", "remote_receive",
+                                                     "remote_receive+uw"]
     for r in records:
         m = r["metrics"]
         assert m["commit_ms"] and m["commit_ms"] > 0 and "COMMIT;" in m["statement_ms"]
-        # the commit waits at least for the proved round trip
-        assert m["commit_ms"] >= 0.9 * r["proof"]["nodes"]["s1"]["link"]["rtt_ms_median"]
+        if not r["variant"].startswith("local"):
+            # the commit waits at least for the proved round trip
+            assert m["commit_ms"] >= 0.9 * r["proof"]["nodes"]["s1"]["link"]["rtt_ms_median"]
+        # the replay probe placed the primary's flushes at every hop on the standby; the
+        # standby asks for the sender flush position in both modes, so it always hears it
+        assert m["flush_to_replay_error"] is None
+        for hop in ("written", "flushed", "upstream_flush", "usable", "replay"):
+            assert m[f"flush_to_{hop}_samples"] > 0, hop
+        assert m["flush_to_written_ms_p50"] <= m["flush_to_replay_ms_p50"]
     text = (out / "report.md").read_text()
     assert "COMMIT latency against the model" in text and "| on+uw |" in text
+    assert "calibrated ms" in text and "| local | " in text and "(calibration)" in text
+    assert "upstream_flush" in text
