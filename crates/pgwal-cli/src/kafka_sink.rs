@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use pgwal::{Config, StreamConfig};
-use pgwal_kafka::{DecimalMode, Format, Routing, SinkConfig};
+use pgwal_kafka::{DecimalMode, Format, KeyColumns, Routing, SinkConfig};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(crate) enum FormatArg {
@@ -93,6 +93,11 @@ pub(crate) struct KafkaArgs {
     /// transactions written to Kafka).
     #[arg(long = "kafka-heartbeat-secs", default_value_t = 10.0, value_parser = parse_secs)]
     heartbeat_secs: f64,
+    /// Key columns per table, "schema.table:col[,col...]" entries separated
+    /// by ';' (Debezium's message.key.columns). Default: the replica
+    /// identity; for REPLICA IDENTITY FULL tables the primary key.
+    #[arg(long = "kafka-key-columns", value_name = "SPEC", value_parser = parse_key_columns)]
+    key_columns: Option<KeyColumns>,
     /// A librdkafka setting, KEY=VALUE (repeatable): security.protocol,
     /// sasl.*, ssl.*, compression.type, ...
     #[arg(long = "kafka-option", value_name = "KEY=VALUE", value_parser = parse_option)]
@@ -104,6 +109,10 @@ fn parse_secs(s: &str) -> Result<f64, String> {
         Ok(v) if v.is_finite() && (0.0..=86_400.0).contains(&v) => Ok(v),
         _ => Err(format!("expected seconds from 0 to 86400, got {s:?}")),
     }
+}
+
+fn parse_key_columns(s: &str) -> Result<KeyColumns, String> {
+    KeyColumns::parse(s).map_err(|e| e.to_string())
 }
 
 fn parse_option(s: &str) -> Result<(String, String), String> {
@@ -153,6 +162,9 @@ pub(crate) async fn run(
     sink.retry_for = Duration::from_secs(a.retry_secs);
     sink.client_options = a.options;
     sink.heartbeat = (a.heartbeat_secs > 0.0).then(|| Duration::from_secs_f64(a.heartbeat_secs));
+    if let Some(k) = a.key_columns {
+        sink.key_columns = k;
+    }
     if slot_check_interval > 0.0 {
         crate::slot_watch::spawn(
             config.clone(),

@@ -9,6 +9,7 @@ use pgwal::{Event, Row};
 use pgwal_protocol::{Lsn, PgTimestamp};
 use serde_json::{json, Map, Value};
 
+use crate::keys::KeyColumns;
 use crate::routing::{Routing, RoutingError};
 
 /// How numeric values are written in the Debezium format, as Debezium's
@@ -118,25 +119,61 @@ pub enum FormatError {
         /// The column.
         column: String,
     },
+    /// A configured key column the table does not publish.
+    #[error("{table}: key column {column:?} is not among the table's published columns")]
+    KeyColumn {
+        /// `schema.table`.
+        table: String,
+        /// The column.
+        column: String,
+    },
 }
 
 fn qualified(r: &Relation) -> String {
     format!("{}.{}", r.namespace, r.name)
 }
 
-/// The replica identity's columns of `row` as a JSON object (text values
-/// for [`Format::Pgwal`], Debezium's types otherwise); `None` when the
-/// table has no identity columns or one of them is missing.
-fn key_object(format: &Format, row: &Row) -> Result<Option<Value>, FormatError> {
+/// The key columns of `row` as a JSON object (text values for
+/// [`Format::Pgwal`], Debezium's types otherwise): `columns` if given (see
+/// [`KeyColumns::for_relation`]), else the replica identity the Relation
+/// message marks; `None` when there are none or one of them is missing.
+fn key_object(
+    format: &Format,
+    row: &Row,
+    columns: Option<&[String]>,
+) -> Result<Option<Value>, FormatError> {
     let mut m = Map::new();
-    for (col, v) in row.iter().filter(|(c, _)| c.is_key()) {
+    let mut add = |col: &pgwal::protocol::pgoutput::RelationColumn, v: &ColumnValue| {
         if matches!(v, ColumnValue::Null | ColumnValue::UnchangedToast) {
-            return Ok(None);
+            return Ok(false);
         }
         m.insert(
             col.name.clone(),
             column_value(format, row.relation(), col, v)?,
         );
+        Ok::<bool, FormatError>(true)
+    };
+    match columns {
+        Some(names) => {
+            for name in names {
+                let Some((col, v)) = row.iter().find(|(c, _)| &c.name == name) else {
+                    return Err(FormatError::KeyColumn {
+                        table: qualified(row.relation()),
+                        column: name.clone(),
+                    });
+                };
+                if !add(col, v)? {
+                    return Ok(None);
+                }
+            }
+        }
+        None => {
+            for (col, v) in row.iter().filter(|(c, _)| c.is_key()) {
+                if !add(col, v)? {
+                    return Ok(None);
+                }
+            }
+        }
     }
     Ok((!m.is_empty()).then_some(Value::Object(m)))
 }
@@ -198,15 +235,17 @@ fn bytes(v: &Value) -> Vec<u8> {
 /// The records for one event of a transaction: one per row change (a
 /// Debezium update that changes the key gives a delete of the old key, its
 /// tombstone if asked for, and a create of the new one), one per table of a
-/// truncate, none for other events. `now` becomes Debezium's top-level
-/// `ts_ms`.
+/// truncate, none for other events. `keys` says which columns key a
+/// table's records where that is not the marked replica identity (FULL
+/// tables; see [`KeyColumns`]). `now` becomes Debezium's top-level `ts_ms`.
 ///
 /// ```
-/// use pgwal_kafka::{encode, Format, Routing, TxInfo};
+/// use pgwal_kafka::{encode, Format, KeyColumns, Routing, TxInfo};
 /// # fn f(event: &pgwal::Event) -> Result<(), Box<dyn std::error::Error>> {
 /// let routing = Routing::new("app", "{prefix}.{schema}.{table}")?;
+/// let keys = KeyColumns::new();
 /// let tx = TxInfo::new(740, "0/16B3748".parse()?, pgwal::protocol::PgTimestamp::now());
-/// for r in encode(&Format::Pgwal, &routing, &tx, event, pgwal::protocol::PgTimestamp::now())? {
+/// for r in encode(&Format::Pgwal, &routing, &keys, &tx, event, pgwal::protocol::PgTimestamp::now())? {
 ///     println!("{} {:?}", r.topic, r.value.map(String::from_utf8));
 /// }
 /// # Ok(()) }
@@ -214,6 +253,7 @@ fn bytes(v: &Value) -> Vec<u8> {
 pub fn encode(
     format: &Format,
     routing: &Routing,
+    keys: &KeyColumns,
     tx: &TxInfo,
     event: &Event,
     now: PgTimestamp,
@@ -255,16 +295,17 @@ pub fn encode(
     };
     let rel = &change.relation;
     let topic = routing.topic(&rel.namespace, &rel.name)?;
+    let key_columns = keys.for_relation(rel);
     let new_key = change
         .new
         .as_ref()
-        .map(|r| key_object(format, r))
+        .map(|r| key_object(format, r, key_columns))
         .transpose()?
         .flatten();
     let old_key = change
         .old
         .as_ref()
-        .map(|r| key_object(format, r))
+        .map(|r| key_object(format, r, key_columns))
         .transpose()?
         .flatten();
     let key = if op == "d" {

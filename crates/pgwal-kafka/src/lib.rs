@@ -2,7 +2,8 @@
 //!
 //! This crate turns the changes of a [`pgwal::LogicalStream`] into Kafka
 //! records: which topic ([`routing`]), which key (the row's replica
-//! identity) and which value ([`mod@format`]: pgwal's own JSON, or the envelope
+//! identity, or its primary key under `REPLICA IDENTITY FULL`: [`keys`])
+//! and which value ([`mod@format`]: pgwal's own JSON, or the envelope
 //! Debezium's PostgreSQL connector writes, so that Kafka Connect sinks and
 //! Debezium consumers read it unchanged), all without I/O; and the
 //! transactional [`producer`] that writes them together with a [`progress`]
@@ -12,6 +13,7 @@
 #![warn(missing_docs)]
 
 pub mod format;
+pub mod keys;
 pub mod producer;
 pub mod progress;
 pub mod routing;
@@ -19,5 +21,6 @@ pub mod sink;
 mod spill;
 
 pub use format::{encode, DecimalMode, Format, Record, TxInfo};
+pub use keys::{KeyColumns, KeyColumnsError};
 pub use routing::{Routing, RoutingError};
 pub use sink::{run, SinkConfig, SinkError, SinkStats};

@@ -49,6 +49,7 @@ use pgwal::{Config, Event, LogicalStream, Lsn, ReplicationClient, StreamConfig};
 use pgwal_protocol::PgTimestamp;
 
 use crate::format::{encode, stamp, Format, FormatError, Record, TxInfo};
+use crate::keys::{primary_key_query, KeyColumns};
 use crate::producer::{KafkaProducer, ProducerConfig, ProducerError};
 use crate::progress;
 use crate::routing::Routing;
@@ -93,6 +94,10 @@ pub struct SinkConfig {
     /// often and acknowledge it, so the slot lets that WAL go; `None`: the
     /// slot moves only with transactions written to Kafka.
     pub heartbeat: Option<Duration>,
+    /// Key columns where they are not the replica identity: configured
+    /// ones, and for `REPLICA IDENTITY FULL` tables the primary key, which
+    /// the sink looks up in the catalog (see [`KeyColumns`]).
+    pub key_columns: KeyColumns,
 }
 
 impl SinkConfig {
@@ -115,6 +120,7 @@ impl SinkConfig {
             timeout: Duration::from_secs(30),
             client_options: Vec::new(),
             heartbeat: Some(Duration::from_secs(10)),
+            key_columns: KeyColumns::new(),
         }
     }
 }
@@ -288,6 +294,11 @@ struct Session<'a> {
     held_bytes: usize,
     /// A position Kafka now holds, for the slot.
     to_ack: Option<Lsn>,
+    /// Key columns, with the primary keys of FULL tables looked up so far
+    /// over `catalog`, a plain SQL connection opened at the first lookup.
+    keys: KeyColumns,
+    pg: Option<Config>,
+    catalog: Option<ReplicationClient>,
 }
 
 type Commit = std::pin::Pin<Box<dyn Future<Output = Result<(), ProducerError>> + Send>>;
@@ -311,6 +322,30 @@ impl<'a> Session<'a> {
             held: Vec::new(),
             held_bytes: 0,
             to_ack: None,
+            keys: sink.key_columns.clone(),
+            pg: None,
+            catalog: None,
+        }
+    }
+
+    /// The primary key columns of the table `oid`, in key order (empty: it
+    /// has none), from the catalog as it is now.
+    async fn primary_key(&mut self, oid: u32) -> Result<Vec<String>, pgwal::Error> {
+        if self.catalog.is_none() {
+            let pg = self.pg.as_ref().expect("set when the session starts");
+            self.catalog = Some(ReplicationClient::connect_sql(pg).await?);
+        }
+        let client = self.catalog.as_mut().expect("just connected");
+        match client.simple_query(&primary_key_query(oid)).await {
+            Ok(rows) => Ok(rows
+                .iter()
+                .filter_map(|r| r.get("attname").map(str::to_owned))
+                .collect()),
+            Err(e) => {
+                // a broken connection is made anew at the next lookup
+                self.catalog = None;
+                Err(e)
+            }
         }
     }
 
@@ -325,6 +360,7 @@ impl<'a> Session<'a> {
         pcfg: &ProducerConfig,
         stop: &mut (impl Future<Output = ()> + Unpin),
     ) -> Result<(), Failure> {
+        self.pg = Some(pg.clone());
         // a stop before streaming began leaves nothing to finish
         let mut producer = tokio::select! {
             p = KafkaProducer::connect(pcfg.clone()) => p.map_err(|e| self.kafka(e))?,
@@ -432,6 +468,19 @@ impl<'a> Session<'a> {
                 self.change(c.xid, &event, producer).await?;
             }
             Event::Truncate(t) => self.change(t.xid, &event, producer).await?,
+            // it comes before the table's first change in this session and
+            // again after DDL: a FULL table is keyed by its primary key
+            Event::Relation(rel) if self.keys.needs_lookup(rel) => {
+                let columns = self.primary_key(rel.oid).await?;
+                if columns.is_empty() {
+                    tracing::warn!(
+                        table = %format!("{}.{}", rel.namespace, rel.name),
+                        "REPLICA IDENTITY FULL and no primary key: its records have no key \
+                         (name key columns with --kafka-key-columns to keep each row's changes in order)"
+                    );
+                }
+                self.keys.set_primary_key(rel, columns);
+            }
             Event::Commit(c) => {
                 self.current = None;
                 if std::mem::take(&mut self.skip_current) {
@@ -525,7 +574,14 @@ impl<'a> Session<'a> {
         if let (Some(top), Some(sub)) = (self.block, xid) {
             // the commit's fields are stamped in at the commit
             let tx = TxInfo::new(top, Lsn(0), PgTimestamp(0));
-            let records = encode(&self.sink.format, &self.sink.routing, &tx, event, now)?;
+            let records = encode(
+                &self.sink.format,
+                &self.sink.routing,
+                &self.keys,
+                &tx,
+                event,
+                now,
+            )?;
             let spill = self.streamed.get_mut(&top).expect("opened at StreamStart");
             let before = spill.memory_bytes();
             for r in records {
@@ -543,7 +599,14 @@ impl<'a> Session<'a> {
         let Some(tx) = self.current else {
             return Ok(());
         };
-        for r in encode(&self.sink.format, &self.sink.routing, &tx, event, now)? {
+        for r in encode(
+            &self.sink.format,
+            &self.sink.routing,
+            &self.keys,
+            &tx,
+            event,
+            now,
+        )? {
             self.send(&r, producer).await?;
         }
         Ok(())

@@ -1,7 +1,9 @@
 //! Records for changes streamed from real servers, in both formats: topics,
 //! keys from the replica identity, a key change as delete + create in
-//! Debezium's envelope, tombstones, truncates, typed values, and the refusal
-//! to write an unchanged TOAST value as a placeholder.
+//! Debezium's envelope, tombstones, truncates, typed values, the refusal
+//! to write an unchanged TOAST value as a placeholder, and the keys of
+//! `REPLICA IDENTITY FULL` tables (their primary key, as the sink looks it
+//! up) and configured key columns.
 
 #[path = "../../pgwal/tests/support/mod.rs"]
 mod support;
@@ -11,14 +13,29 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use pgwal::{CreateSlotOptions, Event, LogicalStream, Lsn, ReplicationClient, StreamConfig};
 use pgwal_kafka::format::FormatError;
-use pgwal_kafka::{encode, DecimalMode, Format, Record, Routing, TxInfo};
+use pgwal_kafka::keys::primary_key_query;
+use pgwal_kafka::{encode, DecimalMode, Format, KeyColumns, Record, Routing, TxInfo};
 use serde_json::{json, Value};
 use support::{block_on, config, Cluster, Options};
 
 /// Streams everything up to now from a new slot made before `sql` ran,
 /// and encodes each change.
 fn records(c: &Cluster, sql: &str, format: &Format) -> Vec<Result<Vec<Record>, String>> {
+    records_keyed(c, sql, format, KeyColumns::new())
+}
+
+/// The same with `keys`, completed as the sink does: at a Relation message
+/// of a FULL table, its primary key from the catalog.
+fn records_keyed(
+    c: &Cluster,
+    sql: &str,
+    format: &Format,
+    mut keys: KeyColumns,
+) -> Vec<Result<Vec<Record>, String>> {
     block_on(async {
+        let mut catalog = ReplicationClient::connect_sql(&config(c, "postgres"))
+            .await
+            .unwrap();
         let mut client = ReplicationClient::connect(&config(c, "postgres"))
             .await
             .unwrap();
@@ -44,11 +61,22 @@ fn records(c: &Cluster, sql: &str, format: &Format) -> Vec<Result<Vec<Record>, S
         {
             match e.unwrap() {
                 Event::Begin(_) => pending.clear(),
+                Event::Relation(rel) if keys.needs_lookup(&rel) => {
+                    let rows = catalog
+                        .simple_query(&primary_key_query(rel.oid))
+                        .await
+                        .unwrap();
+                    let columns = rows
+                        .iter()
+                        .map(|r| r.get("attname").unwrap().to_owned())
+                        .collect();
+                    keys.set_primary_key(&rel, columns);
+                }
                 Event::Commit(commit) => {
                     let tx = TxInfo::new(1, commit.commit_lsn, commit.commit_time);
                     for e in pending.drain(..) {
                         out.push(
-                            encode(format, &routing, &tx, &e, commit.commit_time)
+                            encode(format, &routing, &keys, &tx, &e, commit.commit_time)
                                 .map_err(|e: FormatError| e.to_string()),
                         );
                     }
@@ -187,5 +215,99 @@ fn pgwal_format_and_unchanged_toast() {
         let v = json_of(&u.unwrap().value);
         assert_eq!(v["after"]["big"].as_str().unwrap().len(), 10000, "{label}");
         assert_eq!(v["before"]["n"], "AMg=", "{label}: 2.00 is unscaled 200");
+    }
+}
+
+/// Under REPLICA IDENTITY FULL pgoutput marks every column as key; the
+/// records are keyed by the primary key instead, so an update stays an
+/// update of one key. Without a primary key there is no key, unless key
+/// columns are configured; a configured column the table lacks is refused.
+#[test]
+fn full_identity_tables_are_keyed_by_their_primary_key() {
+    for (label, bin) in support::servers() {
+        let c = Cluster::start(label, &bin, Options::default());
+        c.psql(
+            "CREATE TABLE f (a int, b int, note text, PRIMARY KEY (b, a));
+             ALTER TABLE f REPLICA IDENTITY FULL;
+             CREATE TABLE nopk (x int, y text);
+             ALTER TABLE nopk REPLICA IDENTITY FULL;
+             CREATE PUBLICATION p FOR TABLE f, nopk;",
+        );
+        let sql = "INSERT INTO f VALUES (1, 10, NULL);
+                   UPDATE f SET note = 'n' WHERE a = 1;
+                   UPDATE f SET a = 2 WHERE a = 1;
+                   DELETE FROM f;
+                   INSERT INTO nopk VALUES (1, NULL);
+                   UPDATE nopk SET y = 'y';";
+        let ops = |recs: Vec<Result<Vec<Record>, String>>| -> Vec<(String, Value, Value)> {
+            recs.into_iter()
+                .flat_map(|r| r.unwrap())
+                .map(|r| {
+                    let v = json_of(&r.value);
+                    (
+                        r.topic,
+                        json_of(&r.key),
+                        v.get("op").cloned().unwrap_or(Value::Null),
+                    )
+                })
+                .collect()
+        };
+        let recs = records(&c, sql, &debezium(false));
+        // FULL still sends the whole old row: the update's before image
+        let update = recs
+            .iter()
+            .flat_map(|r| r.as_ref().unwrap())
+            .nth(1)
+            .unwrap();
+        assert_eq!(
+            json_of(&update.value)["before"],
+            json!({"a": 1, "b": 10, "note": null}),
+            "{label}"
+        );
+        let got = ops(recs);
+        assert_eq!(
+            got,
+            [
+                // the key in the primary key's order, (b, a); a NULL column
+                // elsewhere in the row does not matter
+                ("app.public.f".into(), json!({"b": 10, "a": 1}), json!("c")),
+                ("app.public.f".into(), json!({"b": 10, "a": 1}), json!("u")),
+                // a primary key change is still a delete and a create
+                ("app.public.f".into(), json!({"b": 10, "a": 1}), json!("d")),
+                ("app.public.f".into(), json!({"b": 10, "a": 2}), json!("c")),
+                ("app.public.f".into(), json!({"b": 10, "a": 2}), json!("d")),
+                // no primary key: no key (Debezium's behaviour)
+                ("app.public.nopk".into(), Value::Null, json!("c")),
+                ("app.public.nopk".into(), Value::Null, json!("u")),
+            ],
+            "{label}"
+        );
+        let keyed = KeyColumns::parse("public.nopk:x").unwrap();
+        let got = ops(records_keyed(&c, sql, &debezium(false), keyed));
+        assert_eq!(
+            got[5],
+            ("app.public.nopk".into(), json!({"x": 1}), json!("c")),
+            "{label}"
+        );
+        assert_eq!(
+            got[6],
+            ("app.public.nopk".into(), json!({"x": 1}), json!("u")),
+            "{label}"
+        );
+        let wrong = KeyColumns::parse("public.nopk:missing").unwrap();
+        let errs: Vec<String> = records_keyed(
+            &c,
+            "INSERT INTO nopk VALUES (2, 'z');",
+            &debezium(false),
+            wrong,
+        )
+        .into_iter()
+        .filter_map(Result::err)
+        .collect();
+        assert!(
+            errs.iter()
+                .any(|e| e.contains("public.nopk") && e.contains("\"missing\"")),
+            "{label}: {errs:?}"
+        );
     }
 }
