@@ -400,10 +400,14 @@ fn pump(
         match got {
             Ok((0, _)) => eof = true,
             Ok((n, ts)) => {
+                // the wall clock first: a preemption between the two
+                // readings then makes the arrival look later, never earlier
+                // (an early arrival would release before the configured delay)
+                let wall = SystemTime::now();
                 let mut now = Instant::now();
                 if let Some(ts) = ts {
                     // arrival = now - (wall clock now - kernel receive time), bounded
-                    if let Ok(age) = SystemTime::now().duration_since(ts) {
+                    if let Ok(age) = wall.duration_since(ts) {
                         if age < Duration::from_secs(1) {
                             now -= age;
                         }
