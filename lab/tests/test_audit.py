@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pgwal_lab import power
-from pgwal_lab.audit import check
+from pgwal_lab.audit import check, faults
 from pgwal_lab.cli import run_scenario
 from pgwal_lab.scenarios import audit
 from pgwal_lab.util import LabError
@@ -132,6 +132,84 @@ def test_a_held_fsync_waits_for_the_release_and_keeps_the_write_volatile(vdir):
     assert p.wait(timeout=10) == 0 and name == "pg_wal/seg" and float(waited) >= 0.3
     stats = power.undo(vdir / "logs", [vdir / "data"])
     assert stats.writes == 0 and (vdir / "data" / "pg_wal" / "seg").read_bytes() == b"w" * 10
+
+
+# A stand-in postmaster: daemonized (init reaps it, as pg_ctl's postmaster),
+# working in its "data directory" and forking short-lived children as fast
+# as it can, as a postmaster does under a connection storm.
+_FORKING_POSTMASTER = """
+import os, sys, time
+if os.fork():
+    os._exit(0)
+os.setsid()
+os.chdir(sys.argv[1])
+open("pm.pid", "w").write(str(os.getpid()))
+while True:
+    if os.fork() == 0:
+        time.sleep(0.5)
+        os._exit(0)
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                break
+        except ChildProcessError:
+            break
+"""
+
+
+class _FakeNode:
+    def __init__(self, datadir: Path):
+        self.name, self.datadir, self.running = "fake", datadir, True
+
+    def pid(self):
+        try:
+            return int((self.datadir / "pm.pid").read_text())
+        except (OSError, ValueError):
+            return None
+
+
+def _forking_postmaster(datadir: Path) -> _FakeNode:
+    faults.become_subreaper()  # as the audit does: the stand-in is reaped at once
+    (datadir / "pm.pid").unlink(missing_ok=True)
+    subprocess.run([sys.executable, "-c", _FORKING_POSTMASTER, str(datadir)], check=True, timeout=10)
+    node = _FakeNode(datadir)
+    deadline = time.monotonic() + 10
+    while node.pid() is None or len(faults.children(node.pid())) < 3:
+        assert time.monotonic() < deadline, "the stand-in postmaster did not start forking"
+        time.sleep(0.01)
+    return node
+
+
+def test_crash_leaves_no_child_of_a_postmaster_caught_forking(tmp_path):
+    """SIGSTOP no longer cancels a fork in flight: a child may appear after
+    kill() returned.  No child may outlive the crash, in any of many tries."""
+    datadir = tmp_path / "data"
+    datadir.mkdir()
+    try:
+        for _ in range(30):
+            node = _forking_postmaster(datadir)
+            faults.crash([node], power_loss=False)
+            time.sleep(0.02)  # a child that escaped would still be sleeping
+            assert faults.working_in(datadir) == []
+    finally:
+        faults.signal_all(faults.working_in(datadir), 9)
+
+
+def test_crash_fails_loudly_when_a_process_outlives_it(tmp_path):
+    """A server process that is not the postmaster's child when it stops
+    (the window the stop above closes) must not pass for a crash."""
+    datadir = tmp_path / "data"
+    datadir.mkdir()
+    stray = subprocess.Popen(["sleep", "30"], cwd=datadir)
+    try:
+        node = _forking_postmaster(datadir)
+        with pytest.raises(LabError, match="outlived its crash"):
+            faults.crash([node], power_loss=False)
+        stray.wait(timeout=10)  # killed on the way out
+        assert faults.working_in(datadir) == []
+    finally:
+        stray.kill()
+        faults.signal_all(faults.working_in(datadir), 9)
 
 
 def test_promises_table():

@@ -4,7 +4,12 @@
 SIGSTOP to the postmaster (it can then fork nothing new), SIGSTOP to each
 of its children, then SIGKILL to all.  No server process runs between the
 first stop and the kill, so none finishes a write the crash should have
-cut off, as `pg_ctl -m immediate` would let it.  With `power=True` the
+cut off, as `pg_ctl -m immediate` would let it.  A SIGSTOP that arrives
+while the postmaster is inside fork() no longer cancels the fork (Linux
+5.0 on): the child appears once the fork returns, which under load can be
+after kill() did.  So the children are listed again only once the
+postmaster is seen stopped, and after the kill no process may still work
+in the data directory.  With `power=True` the
 node's volatile page cache is then thrown away (power.undo): what was not
 fsynced is gone.  Several nodes crashed together are all stopped before
 any is killed.
@@ -53,6 +58,63 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return st[st.rfind(")") + 2] != "Z"
+
+
+def _state(pid: int) -> str | None:
+    """The process state letter (R, S, D, T, Z, ...), or None once it is gone."""
+    try:
+        st = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return st[st.rfind(")") + 2]
+
+
+def _wait_stopped(pid: int, timeout: float = 10) -> None:
+    """Until a process signalled SIGSTOP is stopped (or gone): before that it
+    may still be finishing a fork."""
+    wait_for(lambda: _state(pid) in (None, "T", "t", "Z", "X"), timeout,
+             f"process {pid} to stop", interval=0.0005)
+
+
+def working_in(directory: Path) -> list[int]:
+    """Processes whose working directory is `directory` (or below): every
+    server process works in its data directory, orphans included."""
+    out = []
+    target = os.path.realpath(directory)
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{d}/cwd")
+        except OSError:
+            continue
+        if cwd == target or cwd.startswith(target + "/"):
+            out.append(int(d))
+    return out
+
+
+def become_subreaper() -> bool:
+    """Have orphaned descendants (a postmaster once its pg_ctl exited, a
+    killed postmaster's children) reparented to this process, not to init:
+    crash() then reaps them at once.  Init here reaps only every second or
+    two, and a restart must wait until the old processes are gone."""
+    import ctypes
+
+    pr_set_child_subreaper = 36
+    return ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0) == 0
+
+
+def _reap(pids) -> None:
+    """Collect the killed server processes that are this process's zombies
+    (see become_subreaper).  Only they are in `pids`: none was started by
+    subprocess, whose own wait must keep its child's status."""
+    me = os.getpid()
+    for p in pids:
+        if _state(p) == "Z" and _parent(p) == me:
+            try:
+                os.waitpid(p, os.WNOHANG)
+            except ChildProcessError:
+                pass
 
 
 def _parent(pid: int) -> int | None:
@@ -140,6 +202,7 @@ def crash(nodes: list, power_loss: bool, proxies: list[int] = (), mark=None) -> 
         signal_all(pids, signal.SIGSTOP)
     for n in nodes:
         pm = first[n.name][0]
+        _wait_stopped(pm)
         # A child listed above may have exited meanwhile and its pid gone to
         # another process: pids wrap within minutes at the default pid_max of
         # 32768 while two audits run. Only processes still the postmaster's
@@ -153,8 +216,17 @@ def crash(nodes: list, power_loss: bool, proxies: list[int] = (), mark=None) -> 
         signal_all(pids, signal.SIGKILL)
     for n in nodes:
         pids = stopped[n.name]
-        wait_for(lambda: not any(_exists(p) for p in pids), 30, f"{n.name}'s processes to die and be reaped")
+        wait_for(lambda: _reap(pids) or not any(_exists(p) for p in pids), 30,
+                 f"{n.name}'s processes to die and be reaped", interval=0.005)
         n.running = False
+    for n in nodes:
+        # a process that escaped the stop ran after the moment of the fault:
+        # the crash was not one, and its shared memory would stop the restart
+        left = working_in(n.datadir)
+        if left:
+            signal_all(left, signal.SIGKILL)
+            raise LabError(f"{n.name}: processes {left} outlived its crash (not the postmaster's children "
+                           "when it stopped); the cycle is not a crash")
     out = {}
     for n in nodes:
         out[n.name] = power.undo(volatile_dir(n), [n.datadir]).asdict() if power_loss else {}

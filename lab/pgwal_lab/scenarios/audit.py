@@ -344,6 +344,7 @@ def run(ctx: Context, params: dict) -> list[dict]:
     spec = topology.ClusterSpec(bin_dir=ctx.bin_dir, primary_disk=disk, settings=settings, namespaces=False,
                                 standbys=[topology.StandbySpec("s1", sync=True, net=str(params["net"]), disk=disk)],
                                 disk_mb=2048)
+    faults.become_subreaper()  # before any postmaster starts: see crash()
     cluster = topology.Cluster(spec)
     for n in cluster.nodes.values():
         faults.arm(n)
