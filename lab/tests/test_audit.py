@@ -134,8 +134,8 @@ def test_a_held_fsync_waits_for_the_release_and_keeps_the_write_volatile(vdir):
     assert stats.writes == 0 and (vdir / "data" / "pg_wal" / "seg").read_bytes() == b"w" * 10
 
 
-# A stand-in postmaster: daemonized (init reaps it, as pg_ctl's postmaster),
-# working in its "data directory" and forking short-lived children as fast
+# A stand-in postmaster: daemonized, as pg_ctl's postmaster (the test, made a
+# subreaper as the audit is, reaps it and its orphans), working in its "data directory" and forking short-lived children as fast
 # as it can, as a postmaster does under a connection storm.
 _FORKING_POSTMASTER = """
 import os, sys, time

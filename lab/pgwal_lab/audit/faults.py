@@ -97,7 +97,9 @@ def become_subreaper() -> bool:
     """Have orphaned descendants (a postmaster once its pg_ctl exited, a
     killed postmaster's children) reparented to this process, not to init:
     crash() then reaps them at once.  Init here reaps only every second or
-    two, and a restart must wait until the old processes are gone."""
+    two, and a restart must wait until the old processes are gone.  A
+    postmaster stopped cleanly stays this process's zombie until it exits;
+    the audit stops its servers only at its end."""
     import ctypes
 
     pr_set_child_subreaper = 36
