@@ -394,6 +394,19 @@ def _walreceiver_pids(cluster) -> list[int]:
     return pids
 
 
+def _startup_pids(cluster) -> list[int]:
+    """The standbys' startup processes: they replay."""
+    if not cluster.local_processes:
+        return []
+    pids = []
+    for s in cluster.standbys:
+        if s.running:
+            p = s.scalar("SELECT pid FROM pg_stat_activity WHERE backend_type = 'startup'")
+            if p:
+                pids.append(p)
+    return pids
+
+
 def _cpu(pids) -> dict:
     return {p: proc_cpu_seconds(p) for p in pids}
 
@@ -470,6 +483,8 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
     tables0 = variant.workload.table_stats(p)
     ws, wr = _walsender_pids(cluster), _walreceiver_pids(cluster)
     cpu_ws0, cpu_wr0 = _cpu(ws), _cpu(wr)
+    st = _startup_pids(cluster)
+    cpu_st0 = _cpu(st)
     pio0 = _io(ws)
     io0 = walsender_wal_reads(cluster)
     lsn0 = cluster.current_lsn()
@@ -526,6 +541,11 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
                     "table_dead_rows_after": tables1["dead_rows"]})
     t1 = time.monotonic()
     cluster.wait_replay(timeout=conf.replay_timeout, lsn=lsn1)
+    # after the wait: the startup process's CPU then covers the replay of
+    # the run's WAL (and of what the warm-up left unreplayed, a few ms' worth)
+    d_st = _cpu_delta(cpu_st0, _startup_pids(cluster), _cpu(st))
+    res["startup_cpu_s"] = d_st
+    res["replay_mb_per_cpu_s"] = wal / d_st / 1e6 if d_st else None
     res.update(lags)
     res.update(wait_summary)
     # the emulated links as they were (a named profile's values may change

@@ -126,12 +126,20 @@ def replay_delay_section(variants) -> list[str]:
         hops = [h for h in HOPS if h != "replay"]
         lines += ["", "The same delay to each hop on the standby (p50 / p99 ms; *written*, *flushed*: by its "
                       "walreceiver; *upstream_flush*: it has heard that the primary flushed it (`upstream_flush_lsn`, "
-                      "streams with the sender flush position only); *usable*: `pg_last_wal_receive_lsn()`, what "
-                      "the startup process may replay):", "",
-                  "| variant | " + " | ".join(hops) + " | replay |", "|---|" + "---|" * (len(hops) + 1)]
+                      "streams with the sender flush position only); *usable*: what the startup process may "
+                      "replay, the lesser of *flushed* and *upstream_flush*; *backlog*: usable minus replayed, "
+                      "p50 / p90 over samples; *at release*: WAL up to a flush still to replay when it became "
+                      "usable, p50 / p90; *replay MB per CPU s*: WAL bytes per second of the startup process's "
+                      "CPU):", "",
+                  "| variant | " + " | ".join(hops) + " | replay | backlog kB | at release kB | "
+                  "replay MB per CPU s |", "|---|" + "---|" * (len(hops) + 4)]
         for v, recs in variants.items():
             cells = [f"{_fmt(_med(recs, f'flush_to_{h}_ms_p50'), 2)} / {_fmt(_med(recs, f'flush_to_{h}_ms_p99'), 2)}"
                      for h in hops + ["replay"]]
+            cells.append(f"{_fmt(_med(recs, 'replay_backlog_kb_p50'), 1)} / {_fmt(_med(recs, 'replay_backlog_kb_p90'), 1)}")
+            cells.append(f"{_fmt(_med(recs, 'release_backlog_kb_p50'), 1)} / "
+                         f"{_fmt(_med(recs, 'release_backlog_kb_p90'), 1)}")
+            cells.append(_fmt(_med(recs, "replay_mb_per_cpu_s"), 1))
             lines.append(f"| {v} | " + " | ".join(cells) + " |")
     return lines
 

@@ -102,6 +102,33 @@ statement latencies in milliseconds and failures:
     assert parse_statement_latencies("tps = 1\n") == {}
 
 
+def test_usable_is_the_local_flush_capped_by_the_heard_primary_flush():
+    from pgwal_lab.replay_delay import HOPS, hop_positions
+
+    # written, flushed, upstream_flush, replay
+    got = dict(zip(HOPS, hop_positions((900, 800, 700, 600))))
+    assert got == {"written": 900, "flushed": 800, "upstream_flush": 700, "usable": 700, "replay": 600}
+    assert dict(zip(HOPS, hop_positions((900, 800, 850, 600))))["usable"] == 800
+    # a stream without the sender flush position: the local flush is usable
+    got = dict(zip(HOPS, hop_positions((900, 800, None, 600))))
+    assert got["usable"] == 800 and got["upstream_flush"] == float("-inf")
+
+
+def test_release_backlog_is_what_was_left_to_replay_when_a_flush_became_usable():
+    from pgwal_lab.replay_delay import replay_backlog
+
+    primary = [(0.000, 10_000), (0.012, 30_000), (0.030, 99_000)]
+    usable = [(0.005, 10_240), (0.010, 10_240), (0.015, 30_720), (0.020, 30_720)]
+    replay = [(0.005, 0), (0.010, 10_240), (0.015, 20_480), (0.020, 30_720)]
+    got = replay_backlog(primary, usable, replay)
+    # 10000 usable at 0.005 with nothing replayed; 30000 usable at 0.015 with 20480 replayed;
+    # 99000 never usable
+    assert got["release_backlog_kb_p50"] == pytest.approx((10_000 / 1024 + (30_000 - 20_480) / 1024) / 2)
+    # backlogs over the standby samples: 10, 0, 10, 0 kB
+    assert got["replay_backlog_kb_p50"] == pytest.approx(5.0)
+    assert replay_backlog([], [], [])["release_backlog_kb_p50"] is None
+
+
 def test_replay_delay_pairs_each_flush_with_the_first_replay_that_covers_it():
     from pgwal_lab.replay_delay import delays
 
