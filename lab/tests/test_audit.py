@@ -212,6 +212,22 @@ def test_crash_fails_loudly_when_a_process_outlives_it(tmp_path):
         faults.signal_all(faults.working_in(datadir), 9)
 
 
+def test_crash_refuses_a_lock_file_that_names_a_stranger(tmp_path):
+    """postmaster.pid put back by a power loss may name a pid another
+    process has now: crash() must stop nothing and say so."""
+    datadir = tmp_path / "data"
+    datadir.mkdir()
+    stranger = subprocess.Popen(["sleep", "30"], cwd=tmp_path)
+    try:
+        (datadir / "pm.pid").write_text(str(stranger.pid))
+        with pytest.raises(LabError, match="stale lock file"):
+            faults.crash([_FakeNode(datadir)], power_loss=False)
+        assert stranger.poll() is None and faults._state(stranger.pid) != "T"
+    finally:
+        stranger.kill()
+        stranger.wait(timeout=10)
+
+
 def test_promises_table():
     assert check.acks_promised("on", "failover-both")
     assert not check.acks_promised("remote_write", "failover-both")

@@ -76,12 +76,13 @@ def _wait_stopped(pid: int, timeout: float = 10) -> None:
              f"process {pid} to stop", interval=0.0005)
 
 
-def working_in(directory: Path) -> list[int]:
+def working_in(directory: Path, among=None) -> list[int]:
     """Processes whose working directory is `directory` (or below): every
-    server process works in its data directory, orphans included."""
+    server process works in its data directory, orphans included.  With
+    `among`, only those pids are looked at."""
     out = []
     target = os.path.realpath(directory)
-    for d in os.listdir("/proc"):
+    for d in (os.listdir("/proc") if among is None else map(str, among)):
         if not d.isdigit():
             continue
         try:
@@ -196,6 +197,11 @@ def crash(nodes: list, power_loss: bool, proxies: list[int] = (), mark=None) -> 
         pm = n.pid()
         if pm is None or not _alive(pm):
             raise LabError(f"{n.name}: no running postmaster to crash")
+        if pm not in working_in(n.datadir, [pm]):
+            # a lock file an emulated power loss put back names a pid that
+            # may now be any process's: stopping it would crash a stranger
+            raise LabError(f"{n.name}: postmaster.pid names pid {pm}, which does not work in "
+                           f"{n.datadir}: a stale lock file; nothing was stopped")
         first[n.name] = [pm, *children(pm)]
     if mark:
         mark()
