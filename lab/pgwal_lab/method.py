@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 
 from .replay_delay import ReplayDelaySampler
-from .util import LabError, cpu_share_pct, host_cpu_times, proc_cpu_seconds
+from .util import LabError, cpu_share_pct, host_cpu_times, proc_cpu_seconds, proc_schedstat, run_queue_wait_us
 from .workloads import Workload, run_pgbench
 
 
@@ -485,6 +485,8 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
     cpu_ws0, cpu_wr0 = _cpu(ws), _cpu(wr)
     st = _startup_pids(cluster)
     cpu_st0 = _cpu(st)
+    # how long the standby's replay processes wait for a core once woken
+    sched0 = {p: proc_schedstat(p) for p in st + wr}
     pio0 = _io(ws)
     io0 = walsender_wal_reads(cluster)
     lsn0 = cluster.current_lsn()
@@ -526,6 +528,7 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
     up = [px1[k]["up_chunks"] - px0[k]["up_chunks"] for k in px1 if k in px0]
     down = [px1[k]["down_chunks"] - px0[k]["down_chunks"] for k in px1 if k in px0]
     cpu_ws1, cpu_wr1 = _cpu(ws), _cpu(wr)
+    sched1 = {p: proc_schedstat(p) for p in sched0}
     pio1 = _io(ws)
     ws1, wr1 = _walsender_pids(cluster), _walreceiver_pids(cluster)
     d_ws = _cpu_delta(cpu_ws0, ws1, cpu_ws1)
@@ -546,6 +549,9 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
     d_st = _cpu_delta(cpu_st0, _startup_pids(cluster), _cpu(st))
     res["startup_cpu_s"] = d_st
     res["replay_mb_per_cpu_s"] = wal / d_st / 1e6 if d_st else None
+    # one standby here: the first startup process and walreceiver
+    res["startup_runq_wait_us"] = run_queue_wait_us(sched0.get(st[0]), sched1.get(st[0])) if st else None
+    res["walreceiver_runq_wait_us"] = run_queue_wait_us(sched0.get(wr[0]), sched1.get(wr[0])) if wr else None
     res.update(lags)
     res.update(wait_summary)
     # the emulated links as they were (a named profile's values may change

@@ -130,9 +130,10 @@ def replay_delay_section(variants) -> list[str]:
                       "replay, the lesser of *flushed* and *upstream_flush*; *backlog*: usable minus replayed, "
                       "p50 / p90 over samples; *at release*: WAL up to a flush still to replay when it became "
                       "usable, p50 / p90; *replay MB per CPU s*: WAL bytes per second of the startup process's "
-                      "CPU):", "",
+                      "CPU; *run-queue wait*: mean µs the startup process / walreceiver waited for a core each "
+                      "time it ran, from /proc/<pid>/schedstat):", "",
                   "| variant | " + " | ".join(hops) + " | replay | backlog kB | at release kB | "
-                  "replay MB per CPU s |", "|---|" + "---|" * (len(hops) + 4)]
+                  "replay MB per CPU s | run-queue wait µs |", "|---|" + "---|" * (len(hops) + 5)]
         for v, recs in variants.items():
             cells = [f"{_fmt(_med(recs, f'flush_to_{h}_ms_p50'), 2)} / {_fmt(_med(recs, f'flush_to_{h}_ms_p99'), 2)}"
                      for h in hops + ["replay"]]
@@ -140,6 +141,8 @@ def replay_delay_section(variants) -> list[str]:
             cells.append(f"{_fmt(_med(recs, 'release_backlog_kb_p50'), 1)} / "
                          f"{_fmt(_med(recs, 'release_backlog_kb_p90'), 1)}")
             cells.append(_fmt(_med(recs, "replay_mb_per_cpu_s"), 1))
+            cells.append(f"{_fmt(_med(recs, 'startup_runq_wait_us'), 0)} / "
+                         f"{_fmt(_med(recs, 'walreceiver_runq_wait_us'), 0)}")
             lines.append(f"| {v} | " + " | ".join(cells) + " |")
     return lines
 

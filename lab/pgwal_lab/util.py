@@ -187,6 +187,24 @@ def proc_cpu_seconds(pid: int) -> float | None:
         return None
 
 
+def proc_schedstat(pid: int) -> tuple[int, int] | None:
+    """(ns waited on a run queue, times run) of a process, from
+    /proc/<pid>/schedstat: how long it waited for a core once runnable."""
+    try:
+        _, wait_ns, runs = Path(f"/proc/{pid}/schedstat").read_text().split()[:3]
+        return int(wait_ns), int(runs)
+    except (OSError, ValueError):
+        return None
+
+
+def run_queue_wait_us(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """Mean µs a process waited for a core each time it ran, between two
+    proc_schedstat() readings of it."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1]) / 1000
+
+
 class CpuTimes(NamedTuple):
     """Jiffies of all CPUs together, from the first line of /proc/stat."""
     busy: float  # total - idle - iowait

@@ -129,6 +129,19 @@ def test_release_backlog_is_what_was_left_to_replay_when_a_flush_became_usable()
     assert replay_backlog([], [], [])["release_backlog_kb_p50"] is None
 
 
+def test_run_queue_wait_is_the_mean_wait_per_run_of_a_process():
+    import os
+
+    from pgwal_lab.util import proc_schedstat, run_queue_wait_us
+
+    assert run_queue_wait_us((1_000_000, 10), (4_000_000, 13)) == pytest.approx(1000.0)
+    assert run_queue_wait_us((1_000_000, 10), (1_000_000, 10)) is None  # it never ran
+    assert run_queue_wait_us(None, (1, 1)) is None
+    wait_ns, runs = proc_schedstat(os.getpid())
+    assert wait_ns >= 0 and runs > 0
+    assert proc_schedstat(2 ** 22 + 1) is None  # beyond pid_max: no such process
+
+
 def test_replay_delay_pairs_each_flush_with_the_first_replay_that_covers_it():
     from pgwal_lab.replay_delay import delays
 

@@ -129,6 +129,7 @@ def test_unflushed_variants_and_commit_model_smoke(pg_bin, tmp_path):
         assert m["flush_to_written_ms_p50"] <= m["flush_to_replay_ms_p50"]
         # what stood to replay when each flush became usable, and the replay's CPU
         assert m["release_backlog_kb_p50"] is not None and m["startup_cpu_s"] is not None
+        assert m["startup_runq_wait_us"] is not None and m["walreceiver_runq_wait_us"] is not None
     text = (out / "report.md").read_text()
     assert "COMMIT latency against the model" in text and "| on+uw |" in text
     assert "calibrated ms" in text and "| local | " in text and "(calibration)" in text
