@@ -382,29 +382,26 @@ def _walsender_pids(cluster) -> list[int]:
     return pids
 
 
-def _walreceiver_pids(cluster) -> list[int]:
+def _standby_pids(cluster, query: str) -> list[int]:
+    """The pid `query` finds on each running standby (none from another machine)."""
     if not cluster.local_processes:
         return []
     pids = []
     for s in cluster.standbys:
         if s.running:
-            p = s.scalar("SELECT pid FROM pg_stat_wal_receiver")
+            p = s.scalar(query)
             if p:
                 pids.append(p)
     return pids
+
+
+def _walreceiver_pids(cluster) -> list[int]:
+    return _standby_pids(cluster, "SELECT pid FROM pg_stat_wal_receiver")
 
 
 def _startup_pids(cluster) -> list[int]:
     """The standbys' startup processes: they replay."""
-    if not cluster.local_processes:
-        return []
-    pids = []
-    for s in cluster.standbys:
-        if s.running:
-            p = s.scalar("SELECT pid FROM pg_stat_activity WHERE backend_type = 'startup'")
-            if p:
-                pids.append(p)
-    return pids
+    return _standby_pids(cluster, "SELECT pid FROM pg_stat_activity WHERE backend_type = 'startup'")
 
 
 def _cpu(pids) -> dict:

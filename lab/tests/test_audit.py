@@ -135,8 +135,9 @@ def test_a_held_fsync_waits_for_the_release_and_keeps_the_write_volatile(vdir):
 
 
 # A stand-in postmaster: daemonized, as pg_ctl's postmaster (the test, made a
-# subreaper as the audit is, reaps it and its orphans), working in its "data directory" and forking short-lived children as fast
-# as it can, as a postmaster does under a connection storm.
+# subreaper as the audit is, reaps it and its orphans), working in its "data
+# directory" and forking short-lived children as fast as it can, as a
+# postmaster does under a connection storm.
 _FORKING_POSTMASTER = """
 import os, sys, time
 if os.fork():
