@@ -46,6 +46,14 @@ if [ ! -x "$pg17/postgres" ]; then
 	echo "test.sh: NOTICE: no PostgreSQL 17 in $pg17; its integration tests are skipped"
 fi
 
+# each phase's wall time, for keeping CI within its budget
+t_phase=$SECONDS
+phase_done() {
+	echo "test.sh: $1 took $((SECONDS - t_phase)) s"
+	t_phase=$SECONDS
+}
+phase_done "setup (packages, older servers)"
+
 packages=(-p pgwal-protocol -p pgwal -p pgwal-cli -p pgwal-kafka)
 if cargo fmt --version >/dev/null 2>&1; then
 	cargo fmt --all -- --check
@@ -53,7 +61,9 @@ fi
 if cargo clippy --version >/dev/null 2>&1; then
 	cargo clippy "${packages[@]}" --all-targets -q -- -D warnings
 fi
+phase_done "rustfmt and clippy"
 cargo test "${packages[@]}" 2>&1
+phase_done "cargo test"
 
 # The library builds on a non-Unix target (Unix-domain sockets and the
 # receive low-water mark are Unix-only): cargo check for Windows, with the
@@ -74,6 +84,8 @@ else
 	echo "test.sh: NOTICE: no x86_64-pc-windows-gnu target; the non-Unix build check is skipped"
 fi
 
+phase_done "the Windows build check"
+
 # The installed command (crates/README.md: cargo install --path crates/pgwal-cli).
 # --debug with the workspace's target directory reuses what the tests built;
 # a user's install builds the release profile the same way.
@@ -87,3 +99,4 @@ case "$help" in
 *) echo "test.sh: the installed pgwal lacks its stream command" >&2; exit 1 ;;
 esac
 echo "test.sh: cargo install --path pgwal-cli works ($("$install_root/bin/pgwal" --version))"
+phase_done "cargo install"

@@ -281,7 +281,11 @@ def _assert_clean_audit(records, levels_expected):
 
 
 def test_short_audit_patched(pg_bin, tmp_path):
-    records = _short_audit(pg_bin, tmp_path, cycles=2)
+    # one round of every (fault, level) cell: the stalled and unstalled
+    # failovers alternate between levels, and the chosen moments hit their
+    # windows by far in one cycle (347 plain reads and 74 acknowledgements
+    # lost in the run that set this); the long audits run many rounds
+    records = _short_audit(pg_bin, tmp_path, cycles=1)
     _assert_clean_audit(records, ["off", "local", "local_non_durable_reads", "remote_receive",
                                   "remote_receive+flush_worker", "remote_write", "remote_write+uw", "on", "on+uw",
                                   "remote_apply"])
@@ -300,7 +304,7 @@ def test_short_audit_patched(pg_bin, tmp_path):
 
 
 def test_short_audit_stock(stock_bin, tmp_path):
-    records = _short_audit(stock_bin, tmp_path, cycles=2)
+    records = _short_audit(stock_bin, tmp_path, cycles=1)
     _assert_clean_audit(records, ["off", "local", "remote_write", "on", "remote_apply"])
 
 

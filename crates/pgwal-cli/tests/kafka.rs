@@ -78,7 +78,9 @@ INSERT INTO scratch VALUES ({r}, 0);
     if r % 4 == 0 {
         s.push_str("TRUNCATE scratch;\n");
     }
-    if r % 3 == 0 {
+    // a streamed transaction (above logical_decoding_work_mem) every
+    // sixth round: most of the records, so not more often
+    if r % 6 == 0 {
         let b = r * 10_000;
         s.push_str(&format!(
             "
@@ -632,8 +634,14 @@ fn exactly_once_across_crashes() {
         return;
     }
     for (label, bin) in support::servers() {
-        // the full fault sequence on the patched 18, one round elsewhere
-        let rounds = if label == "pg18" { 3 } else { 1 };
+        // the full fault sequence on the patched 18, one round on 15 (pgoutput
+        // v3, without v4's parallel streaming); not on 17, whose v4 stream is
+        // 18's (the other tests run there)
+        let rounds = match label {
+            "pg18" => 3,
+            "pg17" => continue,
+            _ => 1,
+        };
         exactly_once(label, &bin, rounds);
     }
 }
