@@ -47,7 +47,7 @@ if [ ! -x "$pg17/postgres" ]; then
 fi
 
 # each phase's wall time, for keeping CI within its budget
-t_phase=$SECONDS
+t_phase=0
 phase_done() {
 	echo "test.sh: $1 took $((SECONDS - t_phase)) s"
 	t_phase=$SECONDS
