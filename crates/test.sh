@@ -7,19 +7,36 @@
 # $PGWAL_PG18_BIN (default <repo>/.build/install/check/bin); 17 and 18 are
 # skipped with a notice when absent. Run from anywhere; installs PostgreSQL
 # 15 and openssl with apt if missing.
+#
+#   crates/test.sh          everything below, in order
+#   crates/test.sh build    only what needs no server: rustfmt, clippy, the
+#                           test build (cargo test --no-run) and cargo install;
+#                           installs no packages (tools/test-all runs it beside
+#                           the server suites, which may be using apt)
+#   crates/test.sh run      the rest: packages and older servers, the tests
+#                           (built first if the build step did not run), the
+#                           Windows build check
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
+mode=${1:-all}
+case "$mode" in
+all | build | run) ;;
+*) echo "usage: crates/test.sh [build|run]" >&2; exit 2 ;;
+esac
+want() { [ "$mode" = all ] || [ "$mode" = "$1" ]; }
 
 pg15=${PGWAL_PG15_BIN:-/usr/lib/postgresql/15/bin}
+# another part may hold dpkg's lock meanwhile: wait for it
+apt_wait=(-o DPkg::Lock::Timeout=600)
 need=()
 [ -x "$pg15/postgres" ] || need+=(postgresql-15 postgresql-client-15)
 command -v openssl >/dev/null || need+=(openssl)   # the TLS test generates a CA
-if [ ${#need[@]} -gt 0 ]; then
+if want run && [ ${#need[@]} -gt 0 ]; then
 	echo "test.sh: installing ${need[*]}"
 	export DEBIAN_FRONTEND=noninteractive
-	apt-get update -q
-	apt-get install -y -q "${need[@]}"
+	apt-get "${apt_wait[@]}" update -q
+	apt-get "${apt_wait[@]}" install -y -q "${need[@]}"
 fi
 if ! command -v cargo >/dev/null && [ -x "$HOME/.cargo/bin/cargo" ]; then
 	PATH="$HOME/.cargo/bin:$PATH"
@@ -28,6 +45,42 @@ if ! command -v cargo >/dev/null; then
 	echo "test.sh: cargo is required" >&2
 	exit 1
 fi
+
+# each phase's wall time, for keeping CI within its budget
+t_phase=0
+phase_done() {
+	echo "test.sh: $1 took $((SECONDS - t_phase)) s"
+	t_phase=$SECONDS
+}
+packages=(-p pgwal-protocol -p pgwal -p pgwal-cli -p pgwal-kafka)
+
+if want build; then
+	if cargo fmt --version >/dev/null 2>&1; then
+		cargo fmt --all -- --check
+	fi
+	if cargo clippy --version >/dev/null 2>&1; then
+		cargo clippy "${packages[@]}" --all-targets -q -- -D warnings
+	fi
+	phase_done "rustfmt and clippy"
+	cargo test "${packages[@]}" --no-run 2>&1
+	phase_done "the test build"
+
+	# The installed command (crates/README.md: cargo install --path crates/pgwal-cli).
+	# --debug with the workspace's target directory reuses what the tests built;
+	# a user's install builds the release profile the same way.
+	install_root=$(mktemp -d)
+	trap 'rm -rf "$install_root"' EXIT
+	CARGO_TARGET_DIR="$here/target" cargo install -q --locked --debug --path pgwal-cli --root "$install_root"
+	"$install_root/bin/pgwal" --version
+	help=$("$install_root/bin/pgwal" --help)
+	case "$help" in
+	*stream*) ;;
+	*) echo "test.sh: the installed pgwal lacks its stream command" >&2; exit 1 ;;
+	esac
+	echo "test.sh: cargo install --path pgwal-cli works ($("$install_root/bin/pgwal" --version))"
+	phase_done "cargo install"
+fi
+want run || exit 0
 
 pg18=${PGWAL_PG18_BIN:-$(cd .. && pwd)/.build/install/check/bin}
 if [ ! -x "$pg18/postgres" ]; then
@@ -46,22 +99,7 @@ if [ ! -x "$pg17/postgres" ]; then
 	echo "test.sh: NOTICE: no PostgreSQL 17 in $pg17; its integration tests are skipped"
 fi
 
-# each phase's wall time, for keeping CI within its budget
-t_phase=0
-phase_done() {
-	echo "test.sh: $1 took $((SECONDS - t_phase)) s"
-	t_phase=$SECONDS
-}
 phase_done "setup (packages, older servers)"
-
-packages=(-p pgwal-protocol -p pgwal -p pgwal-cli -p pgwal-kafka)
-if cargo fmt --version >/dev/null 2>&1; then
-	cargo fmt --all -- --check
-fi
-if cargo clippy --version >/dev/null 2>&1; then
-	cargo clippy "${packages[@]}" --all-targets -q -- -D warnings
-fi
-phase_done "rustfmt and clippy"
 cargo test "${packages[@]}" 2>&1
 phase_done "cargo test"
 
@@ -72,7 +110,7 @@ if rustup target list --installed 2>/dev/null | grep -qx x86_64-pc-windows-gnu |
 	rustup target add x86_64-pc-windows-gnu >/dev/null 2>&1; then
 	if ! command -v x86_64-w64-mingw32-gcc >/dev/null; then
 		echo "test.sh: installing gcc-mingw-w64-x86-64 for the Windows check"
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -q gcc-mingw-w64-x86-64 >/dev/null || true
+		DEBIAN_FRONTEND=noninteractive apt-get "${apt_wait[@]}" install -y -q gcc-mingw-w64-x86-64 >/dev/null || true
 	fi
 	if command -v x86_64-w64-mingw32-gcc >/dev/null; then
 		cargo check -q -p pgwal-protocol -p pgwal --target x86_64-pc-windows-gnu
@@ -86,17 +124,3 @@ fi
 
 phase_done "the Windows build check"
 
-# The installed command (crates/README.md: cargo install --path crates/pgwal-cli).
-# --debug with the workspace's target directory reuses what the tests built;
-# a user's install builds the release profile the same way.
-install_root=$(mktemp -d)
-trap 'rm -rf "$install_root"' EXIT
-CARGO_TARGET_DIR="$here/target" cargo install -q --locked --debug --path pgwal-cli --root "$install_root"
-"$install_root/bin/pgwal" --version
-help=$("$install_root/bin/pgwal" --help)
-case "$help" in
-*stream*) ;;
-*) echo "test.sh: the installed pgwal lacks its stream command" >&2; exit 1 ;;
-esac
-echo "test.sh: cargo install --path pgwal-cli works ($("$install_root/bin/pgwal" --version))"
-phase_done "cargo install"

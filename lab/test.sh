@@ -7,6 +7,7 @@
 # Environment: PGWAL_LAB_PG_BIN  PostgreSQL bin dir under test (default: the
 #              patched 18 check build if present, else Debian's 15)
 #              PYTEST_ARGS       extra pytest arguments
+#              PYTEST_MARKERS    a marker expression (-m), e.g. "not timing"
 set -euo pipefail
 
 # shellcheck source=lab/setup.sh
@@ -18,7 +19,10 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 cleanup
 set +e
-(cd "$here" && timeout 2700 "$venv/bin/python" -m pytest -v ${PYTEST_ARGS:-} tests)
+markers=()
+[ -z "${PYTEST_MARKERS:-}" ] || markers=(-m "$PYTEST_MARKERS")
+# shellcheck disable=SC2086 # PYTEST_ARGS is a list of words
+(cd "$here" && timeout 2700 "$venv/bin/python" -m pytest -v "${markers[@]}" ${PYTEST_ARGS:-} tests)
 rc=$?
 set -e
 if [ $rc -eq 5 ]; then

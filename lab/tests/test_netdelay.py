@@ -18,6 +18,9 @@ import time
 import pytest
 
 from pgwal_lab import netem, proxy_check
+
+# latencies against upper bounds: run alone on the machine (tools/test-all)
+pytestmark = pytest.mark.timing
 from pgwal_lab.util import LabError
 
 TOLERANCE_MS = 0.3

@@ -14,6 +14,7 @@ from pgwal_lab import cli, netem, proof, shim, topology
 from pgwal_lab.util import run
 
 
+@pytest.mark.timing  # an upper bound on the unshimmed path's latency
 def test_probe_shows_shim_latency_only_where_it_applies(tmp_path):
     probe = shim.build_probe(force=True)
     target = tmp_path / "pg_wal"

@@ -9,6 +9,9 @@ import pytest
 from pgwal_lab import shim
 from pgwal_lab.cli import fsync_test
 
+# latencies against upper bounds: run alone on the machine (tools/test-all)
+pytestmark = pytest.mark.timing
+
 TOLERANCE_US = 400  # sleep overshoot + scheduling on a loaded 2-core box
 
 
