@@ -510,6 +510,11 @@ def render(records: list[dict], out: Path, title: str | None = None) -> Path:
 
             lines += audit_report.consumer_section([r for r in records if r.get("scenario") == scenario])
             continue
+        if scenario == "histories":
+            from .history import report as history_report
+
+            lines += history_report.section([r for r in records if r.get("scenario") == scenario])
+            continue
         if scenario == "audit-receiver":
             from .audit import report as audit_report
 

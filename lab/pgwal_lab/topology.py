@@ -71,6 +71,7 @@ class ClusterSpec:
     num_sync: int = 1
     namespaces: bool | None = None  # None: when root
     disk_mb: int = 3072
+    primary_name: str = "primary"  # the history explorer names nodes by identity, not role
 
 
 def server_settings_sample(bin_dir) -> str:
@@ -164,6 +165,9 @@ class Node(SqlNode):
         self.running = False
         # more environment for the server (the audit's volatile page cache)
         self.extra_env: dict = {}
+        # settings of this node that survive pg_rewind and a new base backup
+        # (written into lab_node.conf at every start)
+        self.conf_extra: dict = {}
 
     # addresses
     def addr_for(self, downstream: "Node") -> str:
@@ -211,6 +215,7 @@ class Node(SqlNode):
             else:
                 host, port = up.addr_for(self), up.port
             lines.append(f"primary_conninfo = {q(f'host={host} port={port} user=postgres application_name={self.name}')}")
+        lines += [f"{k} = {q(v)}" for k, v in self.conf_extra.items()]
         return "\n".join(lines) + "\n"
 
     def write_node_conf(self) -> None:
@@ -370,8 +375,8 @@ class Cluster(ReplicationSet):
         self.statefile = state_dir() / f"cluster-{self.id}.json"
         self.namespaces: list[str] = []
         self.nodes: dict[str, Node] = {}
-        self.primary = Node(self, 0, "primary", None, spec.primary_disk)
-        self.nodes["primary"] = self.primary
+        self.primary = Node(self, 0, spec.primary_name, None, spec.primary_disk)
+        self.nodes[spec.primary_name] = self.primary
         for i, s in enumerate(spec.standbys, start=1):
             if s.upstream not in self.nodes:
                 raise LabError(f"standby {s.name}: upstream {s.upstream} must be defined before it")

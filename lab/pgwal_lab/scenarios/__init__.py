@@ -100,15 +100,16 @@ def method_conf(params: dict) -> MethodConf:
 
 
 def get(name: str):
-    from . import audit, audit_consumer, audit_receiver, hot_counter, large_txn, sync_modes, tpcb_simple, wal_volume
+    from . import (audit, audit_consumer, audit_receiver, histories, hot_counter, large_txn, sync_modes, tpcb_simple,
+                   wal_volume)
 
     mods = {"sync-modes": sync_modes, "hot-counter": hot_counter, "tpcb-simple": tpcb_simple,
             "wal-volume": wal_volume, "large-txn": large_txn, "audit": audit, "audit-consumer": audit_consumer,
-            "audit-receiver": audit_receiver}
+            "audit-receiver": audit_receiver, "histories": histories}
     if name not in mods:
         raise LabError(f"unknown scenario {name!r} (known: {', '.join(mods)})")
     return mods[name]
 
 
 NAMES = ["sync-modes", "hot-counter", "tpcb-simple", "wal-volume", "large-txn", "audit", "audit-consumer",
-         "audit-receiver"]
+         "audit-receiver", "histories"]

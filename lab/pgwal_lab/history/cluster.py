@@ -1,0 +1,287 @@
+"""The cluster a history lives on, and the operations that move its roles.
+
+Four nodes at the start: n1 primary; n2 and n3 its standbys (both
+synchronous candidates, `FIRST 1 (n2, n3)`); n4 a cascading standby of n3.
+Every standby streams through a delay proxy (so any link can be cut),
+every node has a volatile page cache (power loss) and WAL fsyncs the audit
+can hold, accepts unflushed WAL where the server has
+wal_receiver_accept_unflushed, and archives with archive_mode = always
+into one shared archive.
+
+The archive command links a copy of the segment under its name and
+refuses a name that already holds other bytes: the other copy is kept in
+archive/conflicts for the verdict, and the command fails (the node's
+archiver retries, as it would in a real cluster).
+
+Roles move as a cluster manager would move them (Patroni's order): after a
+failover every standby of the old primary follows the promoted node; one
+that replayed past the fork point of the new timeline (the switch point in
+the promoted node's history file) is first rewound with pg_rewind, as are
+the nodes below it that did.  The old primary stays down until a `rejoin`.
+Every direct standby of the primary is a synchronous candidate.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+from .. import topology
+from ..audit import faults
+from ..util import LabError, chown_to_pg, run, wait_for
+
+NAMES = ("n1", "n2", "n3", "n4")
+
+ARCHIVE_SH = """#!/bin/sh
+# archive_command of the history explorer: $1 = %p, $2 = %f, $3 = node.
+# A name is archived once (ln fails if it exists); the same bytes again are
+# fine, other bytes are a conflict, kept for the verdict.
+dir={dir}
+tmp="$dir/tmp/$2.$3.$$"
+cp "$1" "$tmp" || exit 1
+if ln "$tmp" "$dir/$2" 2>/dev/null || cmp -s "$tmp" "$dir/$2"; then
+    rm -f "$tmp"
+    exit 0
+fi
+mv "$tmp" "$dir/conflicts/$2.from-$3"
+exit 1
+"""
+
+
+def lsn_int(lsn: str) -> int:
+    hi, lo = lsn.split("/")
+    return (int(hi, 16) << 32) | int(lo, 16)
+
+
+class HistoryCluster:
+    def __init__(self, bin_dir, settings: dict, net: str = "1ms", wal_fsync_ms: float = 1):
+        disk = f"fsync={int(wal_fsync_ms * 1000)},match=pg_wal" if wal_fsync_ms else "tmpfs"
+        spec = topology.ClusterSpec(
+            bin_dir=bin_dir, primary_disk=disk, settings=settings, namespaces=False, disk_mb=2048,
+            primary_name="n1",
+            standbys=[topology.StandbySpec("n2", sync=True, upstream="n1", net=net, disk=disk),
+                      topology.StandbySpec("n3", sync=True, upstream="n1", net=net, disk=disk),
+                      topology.StandbySpec("n4", sync=False, upstream="n3", net=net, disk=disk)])
+        self.c = topology.Cluster(spec)
+        self.down: list[str] = []
+        self.archive = self.c.root / "archive"
+
+    # --- set-up ----------------------------------------------------------
+    def __enter__(self) -> "HistoryCluster":
+        self.c.root.mkdir(parents=True, exist_ok=True)
+        for d in (self.archive, self.archive / "conflicts", self.archive / "tmp"):
+            d.mkdir(parents=True, exist_ok=True)
+            chown_to_pg(d)
+        script = self.c.root / "archive.sh"
+        script.write_text(ARCHIVE_SH.format(dir=self.archive))
+        script.chmod(0o755)
+        for n in self.c.nodes.values():
+            n.conf_extra["archive_command"] = f"{script} %p %f {n.name}"
+        self.c.create()
+        # The volatile page cache starts now, with everything written so far
+        # durable: initdb -N and pg_basebackup -N sync nothing, and a power
+        # loss must not take files no server wrote (seen: an empty
+        # global/pg_filenode.map after the first failover when the nodes
+        # were armed before initdb).
+        try:
+            for n in reversed(list(self.c.nodes.values())):
+                n.stop("fast")
+            os.sync()
+            for n in self.c.nodes.values():
+                faults.arm(n)
+                n.start()
+            self.c.wait_streaming()
+        except BaseException:
+            self.c.destroy()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.c.destroy()
+
+    # --- roles -----------------------------------------------------------
+    @property
+    def primary(self):
+        return self.c.primary
+
+    def node(self, name: str):
+        return self.c.nodes[name]
+
+    def live(self) -> list:
+        return [n for n in self.c.nodes.values() if n.name not in self.down]
+
+    def standbys(self) -> list:
+        return [n for n in self.live() if n.upstream is not None]
+
+    def below(self, node) -> list:
+        out, todo = [], [node]
+        while todo:
+            x = todo.pop()
+            for s in self.standbys():
+                if s.upstream is x and s not in out:
+                    out.append(s)
+                    todo.append(s)
+        return out
+
+    def state(self, has_uw: bool, has_fw: bool):
+        from .schedule import State
+
+        return State(self.primary.name, {s.name: s.upstream.name for s in self.standbys()}, list(self.down),
+                     has_uw, has_fw)
+
+    def sync_standby(self) -> str | None:
+        """The standby the primary's synchronous commits wait for now."""
+        return self.primary.scalar("SELECT application_name FROM pg_stat_replication WHERE sync_state = 'sync' "
+                                   "LIMIT 1")
+
+    def timeline(self, node=None) -> int:
+        """The primary's (or a primary-to-be's) current timeline."""
+        n = node or self.primary
+        return int(n.scalar("SELECT substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8)"), 16)
+
+    def refresh_sync_names(self) -> None:
+        """Every direct standby of the primary is a synchronous candidate."""
+        for s in self.standbys():
+            s.sync = s.upstream is self.primary
+        self.primary.write_node_conf()
+        self.primary.sql("SELECT pg_reload_conf()")
+
+    # --- links -----------------------------------------------------------
+    def relink(self, node, upstream) -> None:
+        """Point a standby's link (its delay proxy) at another upstream."""
+        node.upstream = upstream
+        node.stop_proxy()
+        if node.net_profile.proxy:
+            from .. import netem
+
+            node.proxy = netem.Proxy(node.net_profile, f"{upstream.addr_for(node)}:{upstream.port}",
+                                     netns=node.netns, tag=f"{self.c.id}-{node.name}").start()
+            self.c.save_state()
+        node.write_node_conf()
+
+    def repoint(self, node, upstream) -> None:
+        """A running standby follows another upstream (primary_conninfo reloads)."""
+        self.relink(node, upstream)
+        node.sql("SELECT pg_reload_conf()")
+
+    # --- operations ------------------------------------------------------
+    def become_standby(self, node) -> None:
+        """A stopped node's data directory made a standby's: standby.signal,
+        and no ALTER SYSTEM settings (pg_rewind and a base backup copy the
+        source's)."""
+        for name, text in (("standby.signal", None), ("postgresql.auto.conf", "")):
+            p = node.datadir / name
+            if text is None:
+                p.touch()
+            else:
+                p.write_text(text)
+            chown_to_pg(p)
+
+    def stop(self, node) -> None:
+        node.stop("fast", timeout=60)
+        if node.pid() is not None and Path(f"/proc/{node.pid()}").exists():
+            raise LabError(f"{node.name} did not stop")
+
+    def fork_point(self, new_primary) -> tuple[int, int] | None:
+        """(parent timeline, switch point) of the new primary's newest history entry."""
+        tli = self.timeline(new_primary)
+        text = new_primary.scalar("SELECT pg_read_file(%s, 0, 1000000, true)", (f"pg_wal/{tli:08X}.history",))
+        if not text:
+            return None
+        last = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")][-1].split()
+        return int(last[0]), lsn_int(last[1])
+
+    def replayed(self, node) -> int | None:
+        try:
+            lsn = node.scalar("SELECT pg_last_wal_replay_lsn()::text")
+        except Exception:  # noqa: BLE001 - not running: decided from its control file by pg_rewind
+            return None
+        return lsn_int(lsn) if lsn else None
+
+    def rewind(self, node, source) -> str:
+        """pg_rewind a stopped node against `source`; it then is a standby."""
+        out = faults.rewind(node, source)
+        self.become_standby(node)
+        return out
+
+    def promote(self, node) -> dict:
+        """Promote a standby whose primary is gone; every standby of the old
+        primary follows it, rewound first where it replayed past the fork."""
+        old = self.primary
+        node.stop_proxy()
+        t0 = time.monotonic()
+        faults.promote(node)
+        node.upstream = None
+        self.c.primary = node
+        node.sync = False
+        self.down.append(old.name)
+        fork = self.fork_point(node)
+        rewound = []
+        movers = [s for s in self.standbys() if s.upstream is old]
+        for s in movers:
+            self.relink(s, node)  # written now, in effect at its reload or start
+        # any node past the fork (a mover or one below it) is rewound
+        for s in self.standbys():
+            pos = self.replayed(s)
+            if fork and pos is not None and pos > fork[1]:
+                self.stop(s)
+                self.rewind(s, node)
+                s.start()
+                rewound.append(s.name)
+            elif s in movers:
+                s.sql("SELECT pg_reload_conf()")
+        self.refresh_sync_names()
+        return {"promote_s": round(time.monotonic() - t0, 3), "rewound": rewound,
+                "fork": f"{fork[0]}@{fork[1]:X}" if fork else None}
+
+    def rejoin(self, name: str) -> str:
+        """A former primary rewound against the primary and started as its standby."""
+        node = self.node(name)
+        out = self.rewind(node, self.primary)
+        self.relink(node, self.primary)
+        faults.arm(node)
+        self.down.remove(name)
+        node.start()
+        self.refresh_sync_names()
+        return out
+
+    def rebuild(self, node, source, wal_method: str) -> None:
+        """Replace a standby by a base backup of another standby; it follows
+        its upstream as before."""
+        self.stop(node)
+        shutil.rmtree(node.datadir)
+        node.datadir.mkdir(mode=0o700)
+        chown_to_pg(node.datadir)
+        # without the volatile page cache: what the backup wrote is on disk
+        # (os.sync) before the node's cache starts anew (faults.arm)
+        run([node.bin("pg_basebackup"), "-D", node.datadir, "-h", source.sockdir, "-p", source.port,
+             "-U", "postgres", "-X", wal_method, "-c", "fast", "-N"], timeout=600, as_pg=True,
+            env=node.disk_profile.env() or None)
+        self.become_standby(node)
+        os.sync()
+        faults.arm(node)
+        node.start()
+
+    def archive_conflicts(self) -> list[str]:
+        return sorted(p.name for p in (self.archive / "conflicts").iterdir())
+
+    def archived(self) -> int:
+        return sum(1 for p in self.archive.iterdir() if p.is_file())
+
+    def keep_logs(self, dest: Path) -> None:
+        dest.mkdir(parents=True, exist_ok=True)
+        for n in self.c.nodes.values():
+            if n.logfile.exists():
+                shutil.copy(n.logfile, dest / f"{n.name}.log")
+        conflicts = self.archive / "conflicts"
+        if any(conflicts.iterdir()):
+            shutil.copytree(conflicts, dest / "archive-conflicts", dirs_exist_ok=True)
+        os.sync()
+
+
+def wait_accepting(node, timeout: float) -> float:
+    """Seconds until a node accepts connections (LabError after `timeout`)."""
+    t0 = time.monotonic()
+    wait_for(lambda: faults._accepts(node), timeout, f"{node.name} to accept connections", interval=0.05)
+    return time.monotonic() - t0

@@ -1,0 +1,169 @@
+"""Steps of a history and their text form.
+
+A step is one fault or operation on the cluster, with the level the
+ledger workload runs at during it and its timing:
+
+    kind[:target[:arg[:arg]]]@level/load_ms/moment_ms
+
+for example `failover:n3@on/800/0`, `rebuild:n4:n2:fetch@local/400/0`,
+`uw:off@remote_write/500/0`.  A schedule is steps joined by spaces; it
+replays exactly (the explorer draws nothing else at random), and a step
+whose precondition no longer holds when replayed (a shrunk schedule may
+promote a node that is already primary) is skipped, not an error.
+
+The next step is drawn from the cluster's current roles (`State`), so a
+seed reproduces a history too.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from ..util import LabError
+
+# kind -> (weight, what it does); the docs' table is built from this
+KINDS = {
+    "kill": (2, "every process of a node SIGKILLed at once, the node restarted (crash recovery)"),
+    "power": (2, "a node's processes killed and its unsynced writes dropped (emulated power loss), restarted"),
+    "switch-power": (1, "pg_switch_wal() on the primary, then at once a power loss of a node"),
+    "held-power": (1, "the primary's WAL fsyncs held for the moment, then its power lost (commits released "
+                      "early are visible meanwhile)"),
+    "failover": (2, "power loss of the primary, a standby promoted, the others repointed (pg_rewind for a node "
+                    "that replayed past the fork); the old primary stays down until a rejoin"),
+    "rejoin": (0, "a former primary rewound (pg_rewind) and started as a standby of the primary"),
+    "partition": (1, "a standby's link cut for the moment (connections reset, reconnects refused), then healed"),
+    "restart": (1, "a clean restart of a node (pg_ctl -m fast)"),
+    "uw": (1, "stream_unflushed_wal set on every node (written or off)"),
+    "fw": (1, "a standby's wal_receiver_flush_worker turned on or off"),
+    "rebuild": (1, "a standby replaced by a pg_basebackup of another standby (-X stream or -X fetch), following "
+                   "the same upstream as before"),
+}
+# the faults that crash a node while the workload runs
+CRASHES = ("kill", "power", "switch-power", "held-power", "failover")
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: str
+    args: tuple = ()
+    level: str = "on"
+    load_ms: int = 500
+    moment_ms: int = 0
+
+    def __str__(self) -> str:
+        head = ":".join([self.kind, *self.args])
+        return f"{head}@{self.level}/{self.load_ms}/{self.moment_ms}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Step":
+        try:
+            head, timing = text.split("@", 1)
+            level, load_ms, moment_ms = timing.split("/")
+            kind, *args = head.split(":")
+            if kind not in KINDS:
+                raise ValueError(f"unknown kind {kind!r}")
+            return cls(kind, tuple(args), level, int(load_ms), int(moment_ms))
+        except ValueError as e:
+            raise LabError(f"bad step {text!r} (kind[:target...]@level/load_ms/moment_ms): {e}") from None
+
+
+def format_schedule(steps) -> str:
+    return " ".join(str(s) for s in steps)
+
+
+def parse_schedule(text: str) -> list[Step]:
+    return [Step.parse(t) for t in text.split()]
+
+
+@dataclass
+class State:
+    """What the generator needs to know of the cluster's roles."""
+    primary: str
+    standbys: dict                    # name -> upstream name
+    down: list = field(default_factory=list)  # former primaries awaiting a rejoin
+    has_uw: bool = True               # the server has stream_unflushed_wal
+    has_fw: bool = True               # ... and wal_receiver_flush_worker
+
+    def below(self, name: str) -> set:
+        """Nodes that follow `name`, directly or through a cascade."""
+        out: set = set()
+        todo = [name]
+        while todo:
+            n = todo.pop()
+            for s, up in self.standbys.items():
+                if up == n and s not in out:
+                    out.add(s)
+                    todo.append(s)
+        return out
+
+
+def next_step(rng: random.Random, st: State, levels: list[str], load_ms=(300, 1500),
+              moment_ms=(50, 300), cut_ms=(100, 1000)) -> Step:
+    """Draw the next step for the cluster as it is now.  A node down since a
+    failover is rejoined soon (more often than not at the next step), and at
+    most one node is down at a time, so that three nodes always serve."""
+    level = rng.choice(levels)
+    load = rng.randint(*load_ms)
+    live = [st.primary, *st.standbys]
+    if st.down and rng.random() < 0.6:
+        return Step("rejoin", (st.down[0],), level, load)
+    kinds = [k for k, (w, _) in KINDS.items() for _ in range(w)]
+    while True:
+        kind = rng.choice(kinds)
+        if kind in ("kill", "power", "switch-power", "restart"):
+            return Step(kind, (rng.choice(live),), level, load)
+        if kind == "held-power":
+            return Step(kind, (st.primary,), level, load, rng.randint(*moment_ms))
+        if kind == "failover" and not st.down and st.standbys:
+            return Step(kind, (rng.choice(sorted(st.standbys)),), level, load)
+        if kind == "partition" and st.standbys:
+            return Step(kind, (rng.choice(sorted(st.standbys)),), level, load, rng.randint(*cut_ms))
+        if kind == "uw" and st.has_uw:
+            return Step(kind, (rng.choice(["written", "off"]),), level, load)
+        if kind == "fw" and st.has_fw and st.standbys:
+            return Step(kind, (rng.choice(sorted(st.standbys)), rng.choice(["on", "off"])), level, load)
+        if kind == "rebuild":
+            pairs = [(x, y) for x in sorted(st.standbys) for y in sorted(st.standbys)
+                     if x != y and x not in _chain(st, y)]
+            if pairs:
+                x, y = rng.choice(pairs)
+                return Step(kind, (x, y, rng.choice(["stream", "fetch"])), level, load)
+
+
+def _chain(st: State, name: str) -> list:
+    """`name`'s upstreams up to the primary."""
+    out = []
+    while name in st.standbys:
+        name = st.standbys[name]
+        out.append(name)
+    return out
+
+
+def applicable(step: Step, st: State) -> str | None:
+    """Why the step cannot run on the cluster as it is (None: it can).  A
+    replayed (shrunk) schedule skips such steps."""
+    live = [st.primary, *st.standbys]
+    a = step.args
+    if step.kind in ("kill", "power", "switch-power", "restart"):
+        return None if a and a[0] in live else f"{a[0] if a else '?'} is not running"
+    if step.kind == "held-power":
+        return None if a and a[0] == st.primary else f"{a[0] if a else '?'} is not the primary"
+    if step.kind == "failover":
+        if st.down:
+            return f"{st.down[0]} is still down"
+        return None if a and a[0] in st.standbys else f"{a[0] if a else '?'} is not a standby"
+    if step.kind == "rejoin":
+        return None if a and a[0] in st.down else f"{a[0] if a else '?'} is not down"
+    if step.kind == "partition":
+        return None if a and a[0] in st.standbys else f"{a[0] if a else '?'} is not a standby"
+    if step.kind == "uw":
+        return None if st.has_uw else "the server has no stream_unflushed_wal"
+    if step.kind == "fw":
+        if not st.has_fw:
+            return "the server has no wal_receiver_flush_worker"
+        return None if a and a[0] in st.standbys else f"{a[0] if a else '?'} is not a standby"
+    if step.kind == "rebuild":
+        if len(a) != 3 or a[0] not in st.standbys or a[1] not in st.standbys or a[0] == a[1]:
+            return "needs two standbys"
+        return None if a[0] not in _chain(st, a[1]) else f"{a[1]} follows {a[0]}"
+    return f"unknown kind {step.kind}"

@@ -1,0 +1,112 @@
+"""Carrying out one step of a history.
+
+Every step runs the audit's ledger workload (writers of every kind and
+readers, audit/ledger.py) on the primary at the step's level for load_ms.
+A crash (schedule.CRASHES) or a partition strikes while it runs; any other
+operation runs after it ended.  A crashed node is started again at once, so
+that commits waiting for it can finish; a failover leaves the old primary
+down.  Then the verdict (verdict.py) judges the cluster.
+
+The fault label of a step says which promises it tests (verdict.acks_promised):
+a crash of the primary is `kill` or `power`, of a standby `standby-power`
+(nothing a level acknowledged may go), a failover to the standby the commits
+waited for is `failover`, to another standby `failover-async`, and every
+other step `none`.
+"""
+from __future__ import annotations
+
+import time
+
+from ..audit import faults
+from ..audit.ledger import READER_KINDS, Load
+from ..scenarios.audit import session_settings
+from . import verdict
+from .cluster import HistoryCluster
+from .schedule import Step
+
+
+def _crash(hc: HistoryCluster, node, power_loss: bool, load: Load) -> dict:
+    """Crash a node (with its links' in-flight WAL on a power loss of the
+    primary) and start it again."""
+    proxies = []
+    if power_loss:
+        proxies = [s.proxy.pid for s in hc.standbys() if s.upstream is node and s.proxy and s.proxy.pid]
+    undone = faults.crash([node], power_loss=power_loss, proxies=proxies,
+                          mark=lambda: setattr(load, "fault_at", time.monotonic()))
+    for s in hc.standbys():
+        if s.upstream is node and s.proxy and s.proxy.proc.poll() is not None:
+            faults.heal(s)
+    return {"recovery_s": round(faults.start(node), 3), "undone": undone[node.name]}
+
+
+def label_of(hc: HistoryCluster, step: Step, sync_name: str | None) -> str:
+    if step.kind not in ("kill", "power", "switch-power", "held-power", "failover"):
+        return verdict.NONE
+    target = step.args[0]
+    if step.kind == "failover":
+        return "failover" if target == sync_name else verdict.ASYNC_FAILOVER
+    if target == hc.primary.name:
+        return {"kill": "kill", "held-power": "held-power"}.get(step.kind, "power")
+    return "standby-power"
+
+
+def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> dict:
+    """Carry out `step` (the history's step `index`); returns its record
+    without the verdict's parts (the caller judges)."""
+    primary = hc.primary
+    with primary.connect() as c:
+        c.execute("INSERT INTO audit_hot VALUES (%s, 0)", (index,))
+    sync_name = hc.sync_standby()
+    label = label_of(hc, step, sync_name)
+    load = Load(primary.conninfo(), index, session_settings(step.level, primary),
+                [r for r in READER_KINDS if r in readers])
+    rec: dict = {"step": index, "text": str(step), "label": label, "sync": sync_name}
+    load.start()
+    time.sleep(step.load_ms / 1000)
+    target = hc.node(step.args[0]) if step.args and step.args[0] in hc.c.nodes else None
+    try:
+        if step.kind in ("kill", "power"):
+            rec.update(_crash(hc, target, step.kind == "power", load))
+        elif step.kind == "switch-power":
+            primary.sql("SELECT pg_switch_wal()")
+            rec.update(_crash(hc, target, True, load))
+        elif step.kind == "held-power":
+            faults.hold(primary)
+            try:
+                time.sleep(step.moment_ms / 1000)
+                rec.update(_crash(hc, primary, True, load))
+            finally:
+                faults.release(primary)
+        elif step.kind == "failover":
+            proxies = [s.proxy.pid for s in hc.standbys() if s.upstream is primary and s.proxy and s.proxy.pid]
+            rec["undone"] = faults.crash([primary], power_loss=True, proxies=proxies,
+                                         mark=lambda: setattr(load, "fault_at", time.monotonic()))[primary.name]
+            rec.update(hc.promote(target))
+        elif step.kind == "partition":
+            load.fault_at = time.monotonic()  # sessions may see errors from here on
+            faults.cut(target)
+            time.sleep(step.moment_ms / 1000)
+            faults.heal(target)
+    finally:
+        load.finish()
+    rec["acked_total"] = sum(len(w.acked) for w in load.writers)
+    rec["errors_before_fault"] = [x.error for x in load.writers + load.readers if x.error_before_fault]
+    if step.kind == "rejoin":
+        rec["rewind"] = hc.rejoin(step.args[0])
+    elif step.kind == "restart":
+        hc.stop(target)
+        target.start()
+    elif step.kind == "uw":
+        for n in hc.c.nodes.values():
+            n.conf_extra["stream_unflushed_wal"] = step.args[0]
+            if n in hc.live():
+                n.write_node_conf()
+                n.sql("SELECT pg_reload_conf()")
+    elif step.kind == "fw":
+        target.conf_extra["wal_receiver_flush_worker"] = step.args[1]
+        target.write_node_conf()
+        target.sql("SELECT pg_reload_conf()")
+    elif step.kind == "rebuild":
+        hc.rebuild(target, hc.node(step.args[1]), step.args[2])
+    rec["load"] = load
+    return rec

@@ -1,0 +1,155 @@
+"""What must hold after every step of a history.
+
+Safety, from the audit's ledger (audit/check.py):
+- the step's own commits: none the level promised is lost, none torn, no
+  in-doubt commit whose pg_xact_status disagrees with its rows, no read
+  of a commit that was then lost where the level promises reads;
+- every earlier step's commits: all there.  Each step ends with the
+  primary's WAL flushed and every node caught up, so whatever level they
+  were acknowledged at, no later fault may take them.
+Liveness (a verdict, not a lab error): every node that should serve
+accepts connections within START_S of the step's end, and every standby
+streams from its upstream and has replayed the primary's WAL within
+CATCHUP_S.  A former primary awaiting its rejoin is the only node allowed
+to be down.
+Convergence: every node then holds the same rows as the primary, and every
+standby receives the primary's timeline.
+Archive: no name in the shared archive was offered with two different byte
+strings (archive/conflicts is empty).
+"""
+from __future__ import annotations
+
+import time
+
+import psycopg
+
+from ..audit import check
+from ..audit.ledger import Load
+from ..util import LabError, wait_for
+from .cluster import HistoryCluster, lsn_int, wait_accepting
+
+START_S = 120    # crash recovery of a few hundred MB of WAL on a loaded 2-core machine
+CATCHUP_S = 60   # reconnect (retry interval 100 ms) and replay the step's WAL
+
+# fault labels: check.FAULTS' names where a step is one of those, and
+NONE = "none"                  # nothing crashed that a promise depends on: every commit stays
+ASYNC_FAILOVER = "failover-async"  # a standby promoted that no commit waited for: nothing promised
+
+
+def acks_promised(level: str, label: str) -> bool:
+    if label == NONE:
+        return True
+    if label == ASYNC_FAILOVER:
+        return False
+    return check.acks_promised(level, label)
+
+
+def reads_promised(level: str, label: str, reader: str) -> bool:
+    if label == NONE:
+        return True
+    if label == ASYNC_FAILOVER:
+        return False
+    return check.reads_promised(level, label, reader)
+
+
+def step_violations(level: str, label: str, chk: check.NodeCheck) -> list[str]:
+    out = []
+    if chk.acked_lost and acks_promised(level, label):
+        out.append(f"lost: {chk.acked_lost} acknowledged commits ({'; '.join(chk.lost_examples)})")
+    if chk.torn:
+        out.append(f"torn: {chk.torn} transactions ({'; '.join(chk.torn_examples)})")
+    if chk.status_lied:
+        out.append(f"status: {chk.status_lied} in-doubt commits whose pg_xact_status disagrees with their rows")
+    for kind, n in chk.reads_lost.items():
+        if n and reads_promised(level, label, kind):
+            out.append(f"reads: {n} {kind} reads saw a commit that was then lost")
+    return out
+
+
+class Failure(Exception):
+    """A broken promise or a liveness failure; `kind` is its first word."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.kind = message.split(":", 1)[0]
+
+
+def check_ledgers(hc: HistoryCluster, ledgers: list[tuple[Load, str]], label: str) -> dict:
+    """The newest ledger (this step's) with its level's promise, then every
+    earlier one in full, on the primary.  Raises Failure."""
+    load, level = ledgers[-1]
+    with hc.primary.connect() as c:
+        chk = check.check_node(c, load, hc.primary.name)
+        bad = step_violations(level, label, chk)
+        for old, _ in ledgers[:-1]:
+            o = check.check_node(c, old, hc.primary.name, statuses=False)
+            if o.acked_lost or o.torn:
+                bad.append(f"lost: {o.acked_lost} commits of step {old.cycle} (settled then) gone, {o.torn} torn "
+                           f"({'; '.join(o.lost_examples + o.torn_examples)})")
+        # in-doubt prepared transactions were never acknowledged: rolled back
+        c.execute("SET synchronous_commit = local")
+        gids = [g for (g,) in c.execute("SELECT gid FROM pg_prepared_xacts WHERE gid LIKE 'audit\\_%'")]
+        for g in gids:
+            c.execute(f"ROLLBACK PREPARED '{g}'")
+    if bad:
+        raise Failure("; ".join(bad))
+    return {"acked": chk.acked, "acked_lost": chk.acked_lost, "in_doubt": chk.in_doubt,
+            "reads_lost": sum(chk.reads_lost.values()), "prepared_rolled_back": len(gids)}
+
+
+def _streaming(upstream, name: str) -> bool:
+    try:
+        return bool(upstream.scalar("SELECT count(*) FROM pg_stat_replication WHERE application_name = %s "
+                                    "AND state = 'streaming'", (name,)))
+    except psycopg.Error:
+        return False
+
+
+def check_liveness(hc: HistoryCluster) -> dict:
+    """Every live node up, streaming and caught up; returns seconds taken."""
+    t0 = time.monotonic()
+    for n in hc.live():
+        try:
+            wait_accepting(n, max(1.0, START_S - (time.monotonic() - t0)))
+        except LabError:
+            raise Failure(f"liveness: {n.name} did not accept connections within {START_S} s") from None
+    for n in hc.standbys():
+        try:
+            wait_for(lambda: _streaming(n.upstream, n.name), CATCHUP_S, f"{n.name} streaming")
+        except LabError:
+            raise Failure(f"liveness: {n.name} does not stream from {n.upstream.name} "
+                          f"(waited {CATCHUP_S} s)") from None
+    with hc.primary.connect() as c:
+        c.execute("SET synchronous_commit = local")
+        c.execute("SELECT txid_current()")  # a flushed commit to end on
+        target = c.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
+    for n in hc.standbys():
+        try:
+            wait_for(lambda: (hc.replayed(n) or 0) >= lsn_int(target), CATCHUP_S, f"{n.name} replay")
+        except LabError:
+            raise Failure(f"liveness: {n.name} did not replay to {target} within {CATCHUP_S} s "
+                          f"(at {n.scalar('SELECT pg_last_wal_replay_lsn()::text')})") from None
+    return {"catch_up_s": round(time.monotonic() - t0, 3)}
+
+
+DIGEST = ("SELECT (SELECT count(*) FROM audit_rows), "
+          "(SELECT md5(coalesce(string_agg(concat_ws(',', cycle, writer, seq, part), ';' "
+          "ORDER BY cycle, writer, seq, part), '')) FROM audit_rows), "
+          "(SELECT coalesce(string_agg(concat_ws(',', cycle, v), ';' ORDER BY cycle), '') FROM audit_hot)")
+
+
+def check_convergence(hc: HistoryCluster) -> dict:
+    want = hc.primary.sql(DIGEST)[0]
+    tli = hc.timeline()
+    for n in hc.standbys():
+        got = n.sql(DIGEST)[0]
+        if got != want:
+            raise Failure(f"diverged: {n.name} holds {got[0]} rows (digest {got[1][:8]}), the primary "
+                          f"{want[0]} ({want[1][:8]}), after catching up")
+        rtli = n.scalar("SELECT received_tli FROM pg_stat_wal_receiver")
+        if rtli != tli:
+            raise Failure(f"timeline: {n.name} receives timeline {rtli}, the primary is on {tli}")
+    conflicts = hc.archive_conflicts()
+    if conflicts:
+        raise Failure(f"archive: the same name archived with other bytes: {', '.join(conflicts[:5])}")
+    return {"rows": want[0], "timeline": tli, "archived": hc.archived()}
