@@ -4,9 +4,11 @@ Safety, from the audit's ledger (audit/check.py):
 - the step's own commits: none the level promised is lost, none torn, no
   in-doubt commit whose pg_xact_status disagrees with its rows, no read
   of a commit that was then lost where the level promises reads;
-- every earlier step's commits: all there.  Each step ends with the
-  primary's WAL flushed and every node caught up, so whatever level they
-  were acknowledged at, no later fault may take them.
+- every earlier step's commits that were there when that step ended: all
+  still there.  Each step ends with the primary's WAL flushed and every
+  node caught up, so whatever level they were acknowledged at, no later
+  fault may take them (those the step's own fault was allowed to take are
+  dropped from its ledger then).
 Liveness (a verdict, not a lab error): every node that should serve
 accepts connections within START_S of the step's end, and every standby
 streams from its upstream and has replayed the primary's WAL within
@@ -86,6 +88,8 @@ def check_ledgers(hc: HistoryCluster, ledgers: list[tuple[Load, str]], label: st
             if o.acked_lost or o.torn:
                 bad.append(f"lost: {o.acked_lost} commits of step {old.cycle} (settled then) gone, {o.torn} torn "
                            f"({'; '.join(o.lost_examples + o.torn_examples)})")
+        if not bad:
+            _settle(c, load)
         # in-doubt prepared transactions were never acknowledged: rolled back
         c.execute("SET synchronous_commit = local")
         gids = [g for (g,) in c.execute("SELECT gid FROM pg_prepared_xacts WHERE gid LIKE 'audit\\_%'")]
@@ -95,6 +99,19 @@ def check_ledgers(hc: HistoryCluster, ledgers: list[tuple[Load, str]], label: st
         raise Failure("; ".join(bad))
     return {"acked": chk.acked, "acked_lost": chk.acked_lost, "in_doubt": chk.in_doubt,
             "reads_lost": sum(chk.reads_lost.values()), "prepared_rolled_back": len(gids)}
+
+
+def _settle(conn, load: Load) -> None:
+    """Keep in the step's ledger only the commits that are there now: those
+    the step's fault was allowed to take (its level did not promise them)
+    are not asked of later steps."""
+    parts = {(w, s) for w, s in conn.execute("SELECT DISTINCT writer, seq FROM audit_rows WHERE cycle = %s",
+                                             (load.cycle,))}
+    row = conn.execute("SELECT v FROM audit_hot WHERE cycle = %s", (load.cycle,)).fetchone()
+    hot = row[0] if row else 0
+    for w in load.writers:
+        w.acked = [c for c in w.acked if (c.seq <= hot if w.kind == "hot" else (w.writer, c.seq) in parts)]
+    load.readers = []  # reads are judged once, against the step's own fault
 
 
 def _streaming(upstream, name: str) -> bool:

@@ -33,7 +33,7 @@ from .audit import SETTINGS as AUDIT_SETTINGS
 
 NAME = "histories"
 DEFAULTS = {"histories": 10, "steps": 8, "seed": 1, "schedule": "", "levels": "auto", "net": "1ms",
-            "wal_fsync_ms": 1, "shrink": True, "shrink_budget": 40}
+            "wal_fsync_ms": 1, "shrink": True, "shrink_budget": 40, "server_settings": {}}
 SMOKE = {"histories": 1, "steps": 4, "shrink": False}
 
 SETTINGS = {**AUDIT_SETTINGS, "archive_mode": "always", "wal_keep_size": "512MB",
@@ -58,11 +58,13 @@ def replay_command(bin_dir, steps) -> str:
 
 
 def run_history(bin_dir, seed: int | None, steps_wanted: int, given: list | None, levels_param,
-                net: str, wal_fsync_ms: float, logs_dir: Path | None, log=print) -> dict:
+                net: str, wal_fsync_ms: float, logs_dir: Path | None, log=print,
+                server_settings: dict | None = None) -> dict:
     """One history on a fresh cluster: drawn from `seed`, or the `given`
     steps.  Returns its record: the steps run, each step's record, and the
     failure (None when every verdict held)."""
     settings, has_uw, has_fw, has_durable = _settings(bin_dir)
+    settings.update(server_settings or {})  # the tests break promises on purpose with fsync = off
     faults.become_subreaper()
     rng = random.Random(seed)
     out: dict = {"seed": seed, "steps": [], "skipped": [], "failure": None}
@@ -140,14 +142,16 @@ def run(ctx: Context, params: dict) -> list[dict]:
             break
         seed = None if given is not None else int(params["seed"]) + i
         h = run_history(ctx.bin_dir, seed, int(params["steps"]), given, params["levels"], str(params["net"]),
-                        float(params["wal_fsync_ms"]), logs_dir, log=ctx.log)
+                        float(params["wal_fsync_ms"]), logs_dir, log=ctx.log,
+                        server_settings=params["server_settings"])
         h["replay"] = replay_command(ctx.bin_dir, [sched.Step.parse(s) for s in h["steps"]])
         if h["failure"] and params["shrink"] and given is None:
             ctx.log(f"histories: history {seed} failed ({h['failure']['kind']}); shrinking {len(h['steps'])} steps")
             minimal, tries = shrink.shrink(
                 [sched.Step.parse(s) for s in h["steps"]], h["failure"]["kind"],
                 lambda steps: run_history(ctx.bin_dir, None, 0, steps, params["levels"], str(params["net"]),
-                                          float(params["wal_fsync_ms"]), None, log=lambda *_: None),
+                                          float(params["wal_fsync_ms"]), None, log=lambda *_: None,
+                                          server_settings=params["server_settings"]),
                 budget=int(params["shrink_budget"]), log=ctx.log)
             h["shrunk"] = {"steps": [str(s) for s in minimal], "replays": tries,
                            "replay": replay_command(ctx.bin_dir, minimal)}

@@ -1,0 +1,102 @@
+"""The history explorer (history/, scenarios/histories.py): schedules and
+their shrinking without a server, then short histories on the patched and
+a stock server, and the minimal schedules of failures it found, replayed
+as regression tests."""
+import random
+
+import pytest
+
+from pgwal_lab.cli import run_scenario
+from pgwal_lab.history import schedule as sched
+from pgwal_lab.history import shrink
+from pgwal_lab.scenarios import histories
+
+from .conftest import lab_leftovers
+
+LEVELS = ["off", "local", "remote_write", "on"]
+
+
+def _state():
+    return sched.State("n1", {"n2": "n1", "n3": "n1", "n4": "n3"})
+
+
+def test_a_step_reads_back_as_written():
+    for text in ("failover:n3@on/800/0", "rebuild:n4:n2:fetch@local/400/0", "uw:off@remote_write/500/0",
+                 "held-power:n1@local_non_durable_reads/300/120"):
+        assert str(sched.Step.parse(text)) == text
+    with pytest.raises(Exception, match="unknown kind"):
+        sched.Step.parse("explode:n1@on/1/0")
+    with pytest.raises(Exception, match="bad step"):
+        sched.Step.parse("kill:n1")
+
+
+def test_a_seed_draws_the_same_steps_and_only_applicable_ones():
+    a = [sched.next_step(random.Random(7), _state(), LEVELS) for _ in range(1)]
+    b = [sched.next_step(random.Random(7), _state(), LEVELS) for _ in range(1)]
+    assert a == b
+    rng = random.Random(1)
+    for _ in range(500):
+        step = sched.next_step(rng, _state(), LEVELS)
+        assert sched.applicable(step, _state()) is None, step
+    # a rebuild never makes a node follow its own downstream
+    st = _state()
+    assert sched.applicable(sched.Step("rebuild", ("n3", "n4", "stream")), st) == "n4 follows n3"
+    assert sched.applicable(sched.Step("rebuild", ("n4", "n3", "stream")), st) is None
+
+
+def test_steps_that_no_longer_apply_are_named():
+    st = sched.State("n2", {"n3": "n2", "n4": "n3"}, down=["n1"])
+    assert "still down" in sched.applicable(sched.Step("failover", ("n3",)), st)
+    assert sched.applicable(sched.Step("rejoin", ("n1",)), st) is None
+    assert "not running" in sched.applicable(sched.Step("kill", ("n1",)), st)
+    assert "not the primary" in sched.applicable(sched.Step("held-power", ("n1",)), st)
+    st.has_uw = False
+    assert "no stream_unflushed_wal" in sched.applicable(sched.Step("uw", ("off",)), st)
+
+
+def test_shrinking_finds_the_two_steps_that_fail_together():
+    steps = [sched.Step("kill", (f"n{i % 4 + 1}",), "on", 100 + i) for i in range(10)]
+    culprits = {steps[2], steps[7]}
+
+    def replay(cand):
+        fails = culprits <= set(cand)
+        return {"failure": {"kind": "liveness"} if fails else None}
+
+    minimal, tries = shrink.shrink(steps, "liveness", replay, budget=60, log=lambda *_: None)
+    assert set(minimal) == culprits and tries <= 60
+    # another kind of failure is not the same failure
+    minimal, _ = shrink.shrink(steps, "lost", replay, budget=10, log=lambda *_: None)
+    assert minimal == steps
+
+
+def _history(bin_dir, tmp_path, **params):
+    before = lab_leftovers()
+    records, _ = run_scenario("histories", bin_dir, params, smoke=True, results=tmp_path, max_minutes=15,
+                              quiet=True)
+    assert lab_leftovers() == before
+    return records
+
+
+def test_short_history_patched(pg_bin, tmp_path):
+    # a failover first: the cluster's roles move, and the others follow
+    records = _history(pg_bin, tmp_path, seed=3, steps=5)
+    assert histories.failures(records) is None, histories.failures(records)
+    (h,) = records
+    assert len(h["steps"]) >= 5 and h["steps"][2].startswith("failover:n3")
+    done = [r for r in h["records"] if "catch_up_s" in r]
+    assert len(done) == len(h["steps"]) and sum(r["acked"] for r in done) > 0
+
+
+def test_short_history_stock(stock_bin, tmp_path):
+    records = _history(stock_bin, tmp_path, seed=3, steps=4)
+    assert histories.failures(records) is None, histories.failures(records)
+    assert not any(s.startswith(("uw:", "fw:")) for s in records[0]["steps"])
+
+
+def test_a_history_with_a_broken_promise_fails(pg_bin, tmp_path):
+    """With fsync = off a power loss of the primary takes commits an earlier
+    step settled: the verdict must say so (the explorer's negative control)."""
+    records = _history(pg_bin, tmp_path, schedule="kill:n2@on/300/0 power:n1@on/300/0",
+                       server_settings={"fsync": "off"})
+    problems = histories.failures(records)
+    assert problems and "lost" in problems
