@@ -162,7 +162,7 @@ def run(ctx: Context, params: dict) -> list[dict]:
         ctx.store.append(rec)
         records.append(rec)
         if ctx.progress:
-            ctx.progress(f"history {seed}: {len(h['steps'])} steps in {h['seconds']} s"
+            ctx.progress(f"history {seed if seed is not None else '(replay)'}: {len(h['steps'])} steps in {h['seconds']} s"
                          + (f" FAILED at step {h['failure']['step']}: {h['failure']['message'][:200]}"
                             if h["failure"] else ", every verdict held"))
     return records
