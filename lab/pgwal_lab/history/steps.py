@@ -38,7 +38,21 @@ def _crash(hc: HistoryCluster, node, power_loss: bool, load: Load, before_start=
             faults.heal(s)
     if before_start:
         before_start()
+    _drop_garbled_lock_file(node)
     return {"recovery_s": round(faults.start(node), 3), "undone": undone[node.name]}
+
+
+def _drop_garbled_lock_file(node) -> None:
+    """A power loss can leave postmaster.pid empty or torn where it was never
+    fsynced (fsync = off): pg_ctl then refuses to start.  A cluster manager
+    removes such a file (a stale but readable one the server handles itself)."""
+    p = node.datadir / "postmaster.pid"
+    try:
+        first = p.read_text().split("\n", 1)[0].strip()
+    except OSError:
+        return
+    if not first.isdigit():
+        p.unlink(missing_ok=True)
 
 
 def label_of(hc: HistoryCluster, step: Step, sync_name: str | None) -> str:
