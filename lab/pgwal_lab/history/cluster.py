@@ -16,9 +16,9 @@ archiver retries, as it would in a real cluster).
 Roles move as a cluster manager would move them (Patroni's order): after a
 failover every standby of the old primary follows the promoted node; one
 that replayed past the fork point of the new timeline (the switch point in
-the promoted node's history file) on the old timeline is first rewound with
-pg_rewind, as are the nodes below it that did.  A node that already streams
-the new timeline (one below the promoted node) is not.  The old primary stays down until a `rejoin`.
+the promoted node's history file) is first rewound with pg_rewind, as are
+the nodes below it that did.  Nodes below the promoted node follow its
+timeline switch by cascade and are never rewound.  The old primary stays down until a `rejoin`.
 Every direct standby of the primary is a synchronous candidate.
 """
 from __future__ import annotations
@@ -200,13 +200,6 @@ class HistoryCluster:
             return None
         return lsn_int(lsn) if lsn else None
 
-    def received_tli(self, node) -> int | None:
-        """The timeline the node's walreceiver streams (None: not streaming)."""
-        try:
-            return node.scalar("SELECT received_tli FROM pg_stat_wal_receiver WHERE status = 'streaming'")
-        except Exception:  # noqa: BLE001 - not running
-            return None
-
     def rewind(self, node, source) -> str:
         """pg_rewind a stopped node against `source`; it then is a standby."""
         out = faults.rewind(node, source)
@@ -227,28 +220,27 @@ class HistoryCluster:
         fork = self.fork_point(node)
         rewound = []
         movers = [s for s in self.standbys() if s.upstream is old]
-        for s in movers:
-            self.relink(s, node)  # written now, in effect at its reload or start
-        # a node that replayed past the fork on the old timeline is rewound
-        # (a mover, or one below it); one that already streams the new
-        # timeline (below the promoted node) is past the fork on that one
-        new_tli = self.timeline(node)
-        for s in self.below(node):
-            try:
-                wait_for(lambda: self.received_tli(s) == new_tli, 10, f"{s.name} on timeline {new_tli}")
-            except LabError:
-                pass
-        for s in self.standbys():
-            pos = self.replayed(s)
-            if self.received_tli(s) == new_tli:
+        # Decided per mover, while nothing new reaches it (its upstream is
+        # dead): one that replayed past the fork is stopped and rewound, with
+        # every node below it that did too (they got their WAL from it, and
+        # stay on the old timeline while it is down).  Below a mover that is
+        # not past the fork nothing is.  Nodes below the promoted node follow
+        # its timeline switch by cascade and are never rewound: one that
+        # could not follow would be a server bug, and liveness says so.
+        for m in movers:
+            self.relink(m, node)  # written now, in effect at its reload or start
+            pos = self.replayed(m)
+            if not (fork and pos is not None and pos > fork[1]):
+                m.sql("SELECT pg_reload_conf()")
                 continue
-            if fork and pos is not None and pos > fork[1]:
-                self.stop(s)
-                self.rewind(s, node)
-                s.start()
-                rewound.append(s.name)
-            elif s in movers:
-                s.sql("SELECT pg_reload_conf()")
+            group = [m] + [d for d in self.below(m) if (self.replayed(d) or 0) > fork[1]]
+            for g in group:
+                self.stop(g)
+            for g in group:
+                self.rewind(g, node)
+            for g in group:
+                g.start()
+            rewound += [g.name for g in group]
         self.refresh_sync_names()
         return {"promote_s": round(time.monotonic() - t0, 3), "rewound": rewound,
                 "fork": f"{fork[0]}@{fork[1]:X}" if fork else None}
