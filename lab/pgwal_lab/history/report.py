@@ -28,6 +28,17 @@ def section(records: list[dict]) -> list[str]:
     labels = Counter(rec.get("label") for r in records for rec in r.get("records", []) if rec.get("label"))
     lines += ["", "Promises tested (a step's fault label: which acknowledgements it may not take): "
               + ", ".join(f"{k} {v}" for k, v in sorted(labels.items())), ""]
+    # the controls: losses where the step's label allowed them show that the
+    # ledger sees a lost commit when there is one
+    from .verdict import acks_promised
+
+    ctl = [(rec, Step.parse(rec["text"]).level) for r in records for rec in r.get("records", [])
+           if rec.get("label") and "acked_lost" in rec]
+    allowed = [(rec, lvl) for rec, lvl in ctl if not acks_promised(lvl, rec["label"])]
+    lost = sum(rec["acked_lost"] for rec, _ in allowed)
+    lines += [f"Controls: {len(allowed)} steps whose level did not promise their acknowledgements across their "
+              f"fault lost {lost} acknowledged commits in {sum(1 for rec, _ in allowed if rec['acked_lost'])} "
+              f"of them; steps whose level promised it lost none (or the history failed).", ""]
     for r in failed:
         f = r["failure"]
         lines += [f"### History {r.get('seed', 'replay')}: failed at step {f['step']} ({f['kind']})", "",
