@@ -65,6 +65,11 @@ class HistoryCluster:
                       topology.StandbySpec("n3", sync=True, upstream="n1", net=net, disk=disk),
                       topology.StandbySpec("n4", sync=False, upstream="n3", net=net, disk=disk)])
         self.c = topology.Cluster(spec)
+        # n1 is a standby too once a failover moved it: its link has the delay
+        # (and a proxy a partition can cut) like every other
+        from .. import netem
+
+        self.c.primary.net_profile = netem.profile(net)
         self.down: list[str] = []
         self.archive = self.c.root / "archive"
 
