@@ -115,6 +115,11 @@ def run_history(bin_dir, seed: int | None, steps_wanted: int, given: list | None
                 first = str(e).splitlines()[0][:300]
                 out["failure"] = {"step": index, "kind": "liveness", "message": f"liveness: {first}",
                                   "detail": str(e)[-3000:]}
+            except Exception as e:  # noqa: BLE001 - a defect of the explorer: recorded, the batch goes on
+                import traceback
+
+                out["failure"] = {"step": index, "kind": "lab", "message": f"lab: {type(e).__name__}: {e}"[:300],
+                                  "detail": traceback.format_exc()[-3000:]}
             out.setdefault("records", []).append({k: v for k, v in srec.items() if k != "load"})
             log(f"history {seed if seed is not None else 'replay'} step {index}: {step}"
                 + (f" FAILED: {out['failure']['message'][:300]}" if out["failure"] else ""))
@@ -145,7 +150,7 @@ def run(ctx: Context, params: dict) -> list[dict]:
                         float(params["wal_fsync_ms"]), logs_dir, log=ctx.log,
                         server_settings=params["server_settings"])
         h["replay"] = replay_command(ctx.bin_dir, [sched.Step.parse(s) for s in h["steps"]])
-        if h["failure"] and params["shrink"] and given is None:
+        if h["failure"] and h["failure"]["kind"] != "lab" and params["shrink"] and given is None:
             ctx.log(f"histories: history {seed} failed ({h['failure']['kind']}); shrinking {len(h['steps'])} steps")
             minimal, tries = shrink.shrink(
                 [sched.Step.parse(s) for s in h["steps"]], h["failure"]["kind"],
