@@ -7,7 +7,8 @@ from pgwal_lab.cli import run_scenario
 from .conftest import lab_leftovers
 
 
-@pytest.mark.parametrize("name", [n for n in scenarios.NAMES if not n.startswith("audit")])  # audits: test_audit.py
+# audits: test_audit.py; the history explorer: test_history.py
+@pytest.mark.parametrize("name", [n for n in scenarios.NAMES if not n.startswith("audit") and n != "histories"])
 def test_scenario_smoke(name, pg_bin, tmp_path):
     before = lab_leftovers()
     records, out = run_scenario(name, pg_bin, {}, smoke=True, results=tmp_path, max_minutes=5, quiet=True)
