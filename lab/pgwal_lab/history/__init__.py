@@ -11,5 +11,6 @@ after every step (`pgwal-lab run histories`).
                every node back and caught up in time (liveness), all nodes
                converged on one timeline, no archive conflict
   shrink.py    cutting a failing schedule down to a minimal one that still fails
+  report.py    the report section: steps per kind and level, controls, failures
 The scenario (histories, seeds, shrinking, records) is scenarios/histories.py.
 """
