@@ -98,10 +98,35 @@ class HistoryCluster:
                 faults.arm(n)
                 n.start()
             self.c.wait_streaming()
+            self.proof = self.prove()
         except BaseException:
             self.c.destroy()
             raise
         return self
+
+    def prove(self) -> dict:
+        """Before the first step: every postmaster runs with the shim's
+        volatile page cache, which loses an unsynced write and keeps a synced
+        one on the node's file system (power.self_test; its emulated power
+        loss also drops every undo log so far, so everything before the first
+        step is durable), every WAL fsync pays its delay, and every link its
+        round trip (ProofError otherwise)."""
+        from .. import power
+        from ..proof import ProofError, prove_disk, prove_link, shim_state
+
+        out: dict = {}
+        for n in self.c.nodes.values():
+            st = shim_state(n.pid())
+            if n.extra_env["LD_PRELOAD"] not in st["mapped"] or \
+                    st["env"].get("PGWAL_SHIM_VOLATILE_DIR") != n.extra_env["PGWAL_SHIM_VOLATILE_DIR"]:
+                raise ProofError(f"{n.name}: the postmaster has not loaded the shim in volatile mode "
+                                 f"(mapped {st['mapped']}, env {st['env']})")
+            power.self_test(faults.volatile_dir(n), n.datadir, lambda cmd, n=n: n.run_pg(cmd, timeout=60))
+            out[n.name] = {"wal_fsync_us": (prove_disk(n).get("probe") or {}).get("fdatasync_us_min"),
+                           "volatile": "proved"}
+        for s in self.standbys():
+            out[s.name]["rtt_ms_min"] = prove_link(s).get("rtt_ms_min")
+        return out
 
     def __exit__(self, *exc) -> None:
         self.c.destroy()

@@ -74,6 +74,7 @@ def run_history(bin_dir, seed: int | None, steps_wanted: int, given: list | None
         readers = [r for r in READER_KINDS if r != "durable" or has_durable]
         hc.primary.sql(SCHEMA)
         out["server_version"] = hc.primary.scalar("SHOW server_version")
+        out["proof"] = hc.proof
         verdict.check_liveness(hc)
         ledgers = []
         todo = list(given) if given is not None else None
