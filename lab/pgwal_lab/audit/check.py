@@ -55,6 +55,11 @@ _SURVIVES = {
     "standby-power": {"off", "local", "remote_receive", "remote_write", "on", "remote_apply"},
     "failover": {"remote_receive", "remote_write", "on", "remote_apply"},
     "failover-both": {"on", "remote_apply"},
+    # the history explorer's labels (history/steps.py): a step that crashed
+    # nothing a promise depends on, and a promotion of a standby no commit
+    # waited for
+    "none": {"off", "local", "remote_receive", "remote_write", "on", "remote_apply"},
+    "failover-async": set(),
 }
 
 
@@ -109,7 +114,7 @@ def reads_promised(level: str, fault: str, reader: str) -> bool:
     durable_snapshots reader and pg_xact_status wait, for the local flush."""
     if not acks_promised(level, fault):
         return False
-    if not early_release(level) or reader == "xact_status":
+    if base_fault(fault) == "none" or not early_release(level) or reader == "xact_status":
         return True
     return reader == "durable" and base_fault(fault) in ("kill", "power")
 

@@ -30,7 +30,7 @@ def section(records: list[dict]) -> list[str]:
               + ", ".join(f"{k} {v}" for k, v in sorted(labels.items())), ""]
     # the controls: losses where the step's label allowed them show that the
     # ledger sees a lost commit when there is one
-    from .verdict import acks_promised
+    from ..audit.check import acks_promised
 
     ctl = [(rec, Step.parse(rec["text"]).level) for r in records for rec in r.get("records", [])
            if rec.get("label") and "acked_lost" in rec]

@@ -2,7 +2,7 @@
 Zeller's ddmin, over the steps).
 
 A candidate keeps the failure if its replay fails with the same kind
-(verdict.Failure.kind: liveness, lost, diverged, ...).  Steps that no
+(verdict.Failure.kind: safety, liveness, diverged, ...).  Steps that no
 longer apply in a candidate are skipped by the replay (schedule.applicable),
 so any subset is a valid candidate.  A replay builds a fresh cluster, so
 each costs tens of seconds: `budget` bounds the replays, and the smallest

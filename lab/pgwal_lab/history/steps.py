@@ -7,7 +7,7 @@ operation runs after it ended.  A crashed node is started again at once, so
 that commits waiting for it can finish; a failover leaves the old primary
 down.  Then the verdict (verdict.py) judges the cluster.
 
-The fault label of a step says which promises it tests (verdict.acks_promised):
+The fault label of a step says which promises it tests (audit/check.py):
 a crash of the primary is `kill` or `power`, of a standby `standby-power`
 (nothing a level acknowledged may go), a failover to the standby the commits
 waited for is `failover`, to another standby `failover-async`, and every

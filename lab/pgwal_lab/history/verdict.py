@@ -33,39 +33,10 @@ from .cluster import HistoryCluster, lsn_int, wait_accepting
 START_S = 120    # crash recovery of a few hundred MB of WAL on a loaded 2-core machine
 CATCHUP_S = 60   # reconnect (retry interval 100 ms) and replay the step's WAL
 
-# fault labels: check.FAULTS' names where a step is one of those, and
+# fault labels: check.FAULTS' names where a step is one of those, and two
+# that check's promise table knows for the explorer
 NONE = "none"                  # nothing crashed that a promise depends on: every commit stays
 ASYNC_FAILOVER = "failover-async"  # a standby promoted that no commit waited for: nothing promised
-
-
-def acks_promised(level: str, label: str) -> bool:
-    if label == NONE:
-        return True
-    if label == ASYNC_FAILOVER:
-        return False
-    return check.acks_promised(level, label)
-
-
-def reads_promised(level: str, label: str, reader: str) -> bool:
-    if label == NONE:
-        return True
-    if label == ASYNC_FAILOVER:
-        return False
-    return check.reads_promised(level, label, reader)
-
-
-def step_violations(level: str, label: str, chk: check.NodeCheck) -> list[str]:
-    out = []
-    if chk.acked_lost and acks_promised(level, label):
-        out.append(f"lost: {chk.acked_lost} acknowledged commits ({'; '.join(chk.lost_examples)})")
-    if chk.torn:
-        out.append(f"torn: {chk.torn} transactions ({'; '.join(chk.torn_examples)})")
-    if chk.status_lied:
-        out.append(f"status: {chk.status_lied} in-doubt commits whose pg_xact_status disagrees with their rows")
-    for kind, n in chk.reads_lost.items():
-        if n and reads_promised(level, label, kind):
-            out.append(f"reads: {n} {kind} reads saw a commit that was then lost")
-    return out
 
 
 class Failure(Exception):
@@ -82,11 +53,11 @@ def check_ledgers(hc: HistoryCluster, ledgers: list[tuple[Load, str]], label: st
     load, level = ledgers[-1]
     with hc.primary.connect() as c:
         chk = check.check_node(c, load, hc.primary.name)
-        bad = step_violations(level, label, chk)
+        bad = check.violations(level, label, chk)
         for old, _ in ledgers[:-1]:
             o = check.check_node(c, old, hc.primary.name, statuses=False)
             if o.acked_lost or o.torn:
-                bad.append(f"lost: {o.acked_lost} commits of step {old.cycle} (settled then) gone, {o.torn} torn "
+                bad.append(f"{o.acked_lost} commits of step {old.cycle} (settled then) lost, {o.torn} torn "
                            f"({'; '.join(o.lost_examples + o.torn_examples)})")
         if not bad:
             _settle(c, load)
@@ -96,7 +67,7 @@ def check_ledgers(hc: HistoryCluster, ledgers: list[tuple[Load, str]], label: st
         for g in gids:
             c.execute(f"ROLLBACK PREPARED '{g}'")
     if bad:
-        raise Failure("; ".join(bad))
+        raise Failure("safety: " + "; ".join(bad))
     return {"acked": chk.acked, "acked_lost": chk.acked_lost, "in_doubt": chk.in_doubt,
             "reads_lost": sum(chk.reads_lost.values()), "prepared_rolled_back": len(gids)}
 
