@@ -196,6 +196,42 @@ def test_crash_leaves_no_child_of_a_postmaster_caught_forking(tmp_path):
         faults.signal_all(faults.working_in(datadir), 9)
 
 
+# A stand-in postmaster whose child runs a shell command, as the archiver
+# runs archive_command: the shell and its command are the postmaster's
+# grandchildren and great-grandchildren.
+_ARCHIVING_POSTMASTER = """
+import os, sys, time
+if os.fork():
+    os._exit(0)
+os.setsid()
+os.chdir(sys.argv[1])
+open("pm.pid", "w").write(str(os.getpid()))
+if os.fork() == 0:
+    os.system("sleep 30; sleep 30")
+    os._exit(0)
+time.sleep(60)
+"""
+
+
+def test_crash_stops_the_commands_a_server_child_runs(tmp_path):
+    """An archive_command in flight (sh, then cp) dies with the crash:
+    orphaned, it would run on after the moment of the fault."""
+    datadir = tmp_path / "data"
+    datadir.mkdir()
+    faults.become_subreaper()
+    try:
+        subprocess.run([sys.executable, "-c", _ARCHIVING_POSTMASTER, str(datadir)], check=True, timeout=10)
+        node = _FakeNode(datadir)
+        deadline = time.monotonic() + 10
+        while node.pid() is None or len(faults.working_in(datadir)) < 4:  # pm, child, sh, sleep
+            assert time.monotonic() < deadline, "the stand-in did not start its command"
+            time.sleep(0.01)
+        faults.crash([node], power_loss=False)
+        assert faults.working_in(datadir) == []
+    finally:
+        faults.signal_all(faults.working_in(datadir), 9)
+
+
 def test_crash_fails_loudly_when_a_process_outlives_it(tmp_path):
     """A server process that is not the postmaster's child when it stops
     (the window the stop above closes) must not pass for a crash."""

@@ -2,7 +2,8 @@
 
 `crash()` stops every process of a node's server at once and kills it:
 SIGSTOP to the postmaster (it can then fork nothing new), SIGSTOP to each
-of its children, then SIGKILL to all.  No server process runs between the
+of its children and to theirs (an archive_command's shell), then SIGKILL
+to all.  No server process runs between the
 first stop and the kill, so none finishes a write the crash should have
 cut off, as `pg_ctl -m immediate` would let it.  A SIGSTOP that arrives
 while the postmaster is inside fork() no longer cancels the fork (Linux
@@ -183,6 +184,36 @@ def stall(pid: int) -> None:
     os.kill(pid, signal.SIGSTOP)
 
 
+def _parents() -> dict[int, int]:
+    """{pid: parent pid} of every process, from one scan of /proc."""
+    out = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            ppid = _parent(int(d))
+            if ppid is not None:
+                out[int(d)] = ppid
+    return out
+
+
+def _stop_descendants(stopped: list[int]) -> list[int]:
+    """`stopped` and every descendant of theirs, all stopped.  A server
+    child's own children (the shell and cp of an archive_command, a
+    restore_command) would otherwise run on after the crash, orphaned: on a
+    machine that lost power they die with the rest.  Level by level: a
+    stopped parent forks no more, but a fork in flight may still return,
+    so each level is stopped and seen stopped before the next is listed."""
+    found, known = list(stopped), set(stopped)
+    while True:
+        new = [p for p, ppid in _parents().items() if ppid in known and p not in known]
+        if not new:
+            return found
+        signal_all(new, signal.SIGSTOP)
+        for p in new:
+            _wait_stopped(p)
+        found += new
+        known.update(new)
+
+
 def crash(nodes: list, power_loss: bool, proxies: list[int] = (), mark=None) -> dict:
     """Crash the nodes together; returns {node name: undo stats or {}}.
     `proxies` (pids of delay proxies) die with them, and with them the WAL
@@ -219,7 +250,7 @@ def crash(nodes: list, power_loss: bool, proxies: list[int] = (), mark=None) -> 
         signal_all([p for p in first[n.name][1:] if p not in ours], signal.SIGCONT)
         late = [k for k in children(pm) if k not in ours]
         signal_all(late, signal.SIGSTOP)
-        stopped[n.name] = ours + late
+        stopped[n.name] = _stop_descendants(ours + late)
     for pids in [*stopped.values(), list(proxies)]:
         signal_all(pids, signal.SIGKILL)
     for n in nodes:
