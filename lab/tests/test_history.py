@@ -121,3 +121,33 @@ def test_minimal_schedule_of_a_finding_holds(pg_bin, tmp_path, name):
     records = _history(pg_bin, tmp_path, schedule=REGRESSIONS[name])
     assert histories.failures(records) is None, histories.failures(records)
     assert not records[0]["skipped"]
+
+
+def test_archive_holding_wal_the_primary_does_not_have_fails(pg_bin):
+    """The verdict compares archived segments with the primary's own: a
+    segment whose bytes differ (here one byte changed in the archive, as a
+    standby that archived WAL the primary then lost would leave it) fails
+    the history, and one the primary holds the same passes."""
+    from pgwal_lab.history import verdict
+    from pgwal_lab.history.cluster import HistoryCluster
+    from pgwal_lab.util import wait_for
+
+    settings = histories._settings(pg_bin)[0]
+    before = lab_leftovers()
+    with HistoryCluster(pg_bin, settings) as hc:
+        hc.primary.sql("CREATE TABLE audit_rows (cycle int, writer int, seq int, part int); "
+                       "CREATE TABLE audit_hot (cycle int, v int)")
+        seg = hc.primary.scalar("SELECT pg_walfile_name(pg_current_wal_insert_lsn())")
+        hc.primary.sql("SELECT pg_switch_wal()")
+        hc.primary.sql("CREATE TABLE t AS SELECT 1")  # the switch flushed: the segment is complete
+        wait_for(lambda: (hc.archive / seg).exists(), 60, f"{seg} archived")
+        verdict.check_liveness(hc)
+        assert verdict.check_convergence(hc)["archive_compared"] >= 1
+        hc._archive_checked.clear()
+        arch = hc.archive / seg
+        data = bytearray(arch.read_bytes())
+        data[100] ^= 0xFF
+        arch.write_bytes(bytes(data))
+        with pytest.raises(verdict.Failure, match=f"archive: .*{seg}"):
+            verdict.check_convergence(hc)
+    assert lab_leftovers() == before

@@ -50,6 +50,16 @@ exit 1
 """
 
 
+# Which nodes take unflushed WAL where the server can (a mix: a primary
+# streams unflushed WAL to some standbys and not to others; n3, a
+# synchronous candidate, and whatever follows it after its promotion, takes
+# flushed WAL only).  The setting stays with the node through rewinds and
+# rebuilds.
+ACCEPTS_UNFLUSHED = {"n1": "on", "n2": "on", "n3": "off", "n4": "on"}
+
+WAL_SEGMENT = 16 << 20
+
+
 def lsn_int(lsn: str) -> int:
     hi, lo = lsn.split("/")
     return (int(hi, 16) << 32) | int(lo, 16)
@@ -72,6 +82,7 @@ class HistoryCluster:
         self.c.primary.net_profile = netem.profile(net)
         self.down: list[str] = []
         self.archive = self.c.root / "archive"
+        self._archive_checked: set = set()  # (primary, segment) found equal
 
     # --- set-up ----------------------------------------------------------
     def __enter__(self) -> "HistoryCluster":
@@ -84,6 +95,8 @@ class HistoryCluster:
         script.chmod(0o755)
         for n in self.c.nodes.values():
             n.conf_extra["archive_command"] = f"{script} %p %f {n.name}"
+            if "wal_receiver_accept_unflushed" in self.c.spec.settings:
+                n.conf_extra["wal_receiver_accept_unflushed"] = ACCEPTS_UNFLUSHED[n.name]
         self.c.create()
         # The volatile page cache starts now, with everything written so far
         # durable: initdb -N and pg_basebackup -N sync nothing, and a power
@@ -303,6 +316,54 @@ class HistoryCluster:
         faults.arm(node)
         node.start()
 
+    def archive_against_primary(self) -> tuple[int, list[str]]:
+        """Compare every archived segment the primary holds complete (its
+        whole range flushed on the primary's timeline history) with the
+        primary's copy: (how many compared, names whose bytes differ).  A
+        difference is WAL in the archive the primary does not have: WAL it
+        lost.  A segment the primary has recycled meanwhile is skipped (its
+        archiver archived it first, and the conflict check saw that copy)."""
+        p = self.primary
+        ends = self._timeline_ends(p)
+        compared, differ = 0, []
+        for a in sorted(self.archive.iterdir()):
+            if not a.is_file() or len(a.name) != 24 or not all(ch in "0123456789ABCDEF" for ch in a.name):
+                continue
+            tli, seg = int(a.name[:8], 16), (int(a.name[8:16], 16) << 8) | int(a.name[16:], 16)
+            end = ends.get(tli)
+            if end is None or (seg + 1) * WAL_SEGMENT > end:
+                continue  # not a timeline of the primary's history, or not complete there
+            key = (p.name, a.name)
+            if key in self._archive_checked:
+                continue
+            mine = p.datadir / "pg_wal" / a.name
+            try:
+                before = mine.stat().st_ino
+                same = _same_bytes(mine, a)
+                still = mine.stat().st_ino == before
+            except FileNotFoundError:
+                continue
+            if not still:
+                continue  # recycled (renamed and rewritten) while compared
+            compared += 1
+            if same:
+                self._archive_checked.add(key)
+            else:
+                differ.append(a.name)
+        return compared, differ
+
+    def _timeline_ends(self, p) -> dict[int, int]:
+        """{timeline: end of its WAL} along the primary's history: each
+        ancestor's switch point, the current timeline's flush position."""
+        tli = self.timeline(p)
+        ends = {tli: lsn_int(p.scalar("SELECT pg_current_wal_flush_lsn()::text"))}
+        text = p.scalar("SELECT pg_read_file(%s, 0, 1000000, true)", (f"pg_wal/{tli:08X}.history",)) or ""
+        for ln in text.splitlines():
+            f = ln.split()
+            if len(f) >= 2 and not ln.startswith("#") and f[0].isdigit():
+                ends[int(f[0])] = lsn_int(f[1])
+        return ends
+
     def archive_conflicts(self) -> list[str]:
         return sorted(p.name for p in (self.archive / "conflicts").iterdir())
 
@@ -318,6 +379,16 @@ class HistoryCluster:
         if any(conflicts.iterdir()):
             shutil.copytree(conflicts, dest / "archive-conflicts", dirs_exist_ok=True)
         os.sync()
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        while True:
+            x, y = fa.read(1 << 20), fb.read(1 << 20)
+            if x != y:
+                return False
+            if not x:
+                return True
 
 
 def wait_accepting(node, timeout: float) -> float:

@@ -17,7 +17,9 @@ to be down.
 Convergence: every node then holds the same rows as the primary, and every
 standby receives the primary's timeline.
 Archive: no name in the shared archive was offered with two different byte
-strings (archive/conflicts is empty).
+strings (archive/conflicts is empty), and every archived segment that the
+primary holds complete is byte for byte the primary's: the archive never
+holds WAL the primary lost.
 """
 from __future__ import annotations
 
@@ -140,4 +142,8 @@ def check_convergence(hc: HistoryCluster) -> dict:
     conflicts = hc.archive_conflicts()
     if conflicts:
         raise Failure(f"archive: the same name archived with other bytes: {', '.join(conflicts[:5])}")
-    return {"rows": want[0], "timeline": tli, "archived": hc.archived()}
+    compared, differ = hc.archive_against_primary()
+    if differ:
+        raise Failure(f"archive: segments differ from the primary's copy (WAL the primary lost): "
+                      f"{', '.join(differ[:5])}")
+    return {"rows": want[0], "timeline": tli, "archived": hc.archived(), "archive_compared": compared}
