@@ -560,6 +560,87 @@ fn toast_cache_fills_unchanged_columns() {
     }
 }
 
+/// The TOAST cache never fills a value from a transaction that aborted: a
+/// streamed savepoint rolled back (its changes were sent before the
+/// `StreamAbort`) and a prepared transaction rolled back (sent at PREPARE).
+#[test]
+fn toast_cache_forgets_aborted_values() {
+    for (label, bin) in support::servers() {
+        let c = Cluster::start(
+            label,
+            &bin,
+            Options {
+                conf: vec!["logical_decoding_work_mem = '64kB'".into()],
+                ..Options::default()
+            },
+        );
+        c.psql(
+            "CREATE TABLE tt (id int PRIMARY KEY, v text, big text);
+             ALTER TABLE tt ALTER COLUMN big SET STORAGE EXTERNAL;
+             CREATE TABLE filler (id int, pad text);
+             CREATE PUBLICATION pt FOR TABLE tt, filler;",
+        );
+        block_on(async {
+            make_slot(&c, "s").await;
+            c.psql(
+                "INSERT INTO tt VALUES (2, 'v1', repeat('s', 4000)), (3, 'v1', repeat('t', 4000));
+                 BEGIN;
+                 SAVEPOINT sp;
+                 UPDATE tt SET big = repeat('r', 5000) WHERE id = 2;
+                 INSERT INTO filler SELECT g, repeat('f', 100) FROM generate_series(1, 3000) g;
+                 ROLLBACK TO SAVEPOINT sp;
+                 UPDATE tt SET v = 'after-savepoint' WHERE id = 2;
+                 COMMIT;
+                 BEGIN;
+                 UPDATE tt SET big = repeat('q', 4500) WHERE id = 3;
+                 PREPARE TRANSACTION 'g1';
+                 ROLLBACK PREPARED 'g1';
+                 UPDATE tt SET v = 'after-prepared' WHERE id = 3;",
+            );
+            let end: Lsn = c
+                .query("SELECT pg_current_wal_insert_lsn()")
+                .parse()
+                .unwrap();
+            let cfg = fast(
+                StreamConfig::new("s", ["pt"])
+                    .streaming(Streaming::On)
+                    .two_phase(true)
+                    .toast_cache_rows(100)
+                    .stop_lsn(end),
+            );
+            let mut s = LogicalStream::start(config(&c, "postgres"), cfg)
+                .await
+                .unwrap();
+            let (mut filled, mut sub_aborted, mut rolled_back) =
+                (std::collections::BTreeMap::new(), false, false);
+            while let Some(e) = tokio::time::timeout(Duration::from_secs(30), s.next())
+                .await
+                .unwrap()
+            {
+                match e.unwrap() {
+                    Event::Update(ch) => {
+                        let new = ch.new.unwrap();
+                        if let Some(v) = new.text("v").filter(|v| v.starts_with("after")) {
+                            let big = new.text("big").map(|b| (b.len(), b.as_bytes()[0] as char));
+                            filled.insert(v.to_owned(), big);
+                        }
+                    }
+                    Event::StreamAbort(a) => sub_aborted |= a.subxid != a.xid,
+                    Event::RollbackPrepared(_) => rolled_back = true,
+                    _ => {}
+                }
+            }
+            // the rolled-back values were sent, then undone
+            assert!(
+                sub_aborted && rolled_back,
+                "{label}: {sub_aborted} {rolled_back}"
+            );
+            assert_eq!(filled["after-savepoint"], Some((4000, 's')), "{label}");
+            assert_eq!(filled["after-prepared"], Some((4000, 't')), "{label}");
+        });
+    }
+}
+
 #[test]
 fn reconnect_inside_streamed_transaction() {
     for (label, bin) in support::servers() {
