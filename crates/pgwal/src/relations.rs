@@ -460,6 +460,16 @@ mod tests {
         })
     }
 
+    fn stream_commit(xid: u32) -> LogicalMessage {
+        LogicalMessage::StreamCommit(StreamCommit {
+            xid,
+            flags: 0,
+            commit_lsn: Lsn(1),
+            end_lsn: Lsn(2),
+            commit_time: PgTimestamp(0),
+        })
+    }
+
     #[test]
     fn a_rolled_back_savepoint_does_not_fill() {
         let mut c = cache();
@@ -481,14 +491,7 @@ mod tests {
         c.event_from(update(Some(100), Some("v3"))).unwrap();
         c.event_from(LogicalMessage::StreamStop).unwrap();
         assert_eq!(filled(&mut c, None).as_deref(), Some("v1"));
-        c.event_from(LogicalMessage::StreamCommit(StreamCommit {
-            xid: 100,
-            flags: 0,
-            commit_lsn: Lsn(1),
-            end_lsn: Lsn(2),
-            commit_time: PgTimestamp(0),
-        }))
-        .unwrap();
+        c.event_from(stream_commit(100)).unwrap();
         assert_eq!(filled(&mut c, None).as_deref(), Some("v3"));
     }
 
@@ -552,14 +555,7 @@ mod tests {
         }
         assert_eq!(filled(&mut c, Some(100)), None);
         c.event_from(LogicalMessage::StreamStop).unwrap();
-        c.event_from(LogicalMessage::StreamCommit(StreamCommit {
-            xid: 100,
-            flags: 0,
-            commit_lsn: Lsn(1),
-            end_lsn: Lsn(2),
-            commit_time: PgTimestamp(0),
-        }))
-        .unwrap();
+        c.event_from(stream_commit(100)).unwrap();
         assert_eq!(filled(&mut c, None), None);
     }
 

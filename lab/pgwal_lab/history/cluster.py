@@ -23,6 +23,7 @@ Every direct standby of the primary is a synchronous candidate.
 """
 from __future__ import annotations
 
+import filecmp
 import os
 import shutil
 import time
@@ -339,7 +340,7 @@ class HistoryCluster:
             mine = p.datadir / "pg_wal" / a.name
             try:
                 before = mine.stat().st_ino
-                same = _same_bytes(mine, a)
+                same = filecmp.cmp(mine, a, shallow=False)
                 still = mine.stat().st_ino == before
             except FileNotFoundError:
                 continue
@@ -379,16 +380,6 @@ class HistoryCluster:
         if any(conflicts.iterdir()):
             shutil.copytree(conflicts, dest / "archive-conflicts", dirs_exist_ok=True)
         os.sync()
-
-
-def _same_bytes(a: Path, b: Path) -> bool:
-    with open(a, "rb") as fa, open(b, "rb") as fb:
-        while True:
-            x, y = fa.read(1 << 20), fb.read(1 << 20)
-            if x != y:
-                return False
-            if not x:
-                return True
 
 
 def wait_accepting(node, timeout: float) -> float:
