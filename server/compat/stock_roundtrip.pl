@@ -182,9 +182,9 @@ use_build($stock_standby, $stock);
 $stock_standby->start;
 is(is_patched($stock_standby), '0', 'the standby runs the stock build');
 make_synchronous($primary, 'stock_standby');
-# remote_receive asks the standby for early receipt (keepalive byte 3); a
-# stock standby answers like any reply request, and the commit is released
-# at its write position.
+# A stock standby offers no EARLY_RECEIPT and sends no receive position, so
+# remote_receive is never asked of it and its commits are released at its
+# write position.
 $primary->safe_psql('postgres',
 	"SET synchronous_commit = remote_receive; INSERT INTO t VALUES (1, 'remote_receive')");
 $primary->safe_psql('postgres',

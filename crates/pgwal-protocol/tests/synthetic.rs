@@ -324,11 +324,10 @@ fn replication_messages_roundtrip() {
         wal_end: Lsn(5),
         server_time: PgTimestamp(6),
         reply_requested: false,
-        receive_position_wanted: false,
-        early_receipt_wanted: false,
     });
     let f = BackendReplicationMessage::SenderFlush(SenderFlush { flush: Lsn(7) });
-    for m in [x, k, f] {
+    let e = BackendReplicationMessage::EarlyReceiptRequest;
+    for m in [x, k, f, e] {
         let mut b = BytesMut::new();
         m.encode(&mut b);
         assert_eq!(BackendReplicationMessage::decode(b.freeze()).unwrap(), m);

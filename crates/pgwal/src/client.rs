@@ -199,6 +199,15 @@ impl ReplicationClient {
             .map(|(_, v)| v.as_str())
     }
 
+    /// Whether the server lists `feature` in its `replication_features`
+    /// parameter (a comma-separated list reported at startup by servers with
+    /// the optional replication protocol features: `unflushed_wal`,
+    /// `receive_position`). Servers without the parameter have none.
+    pub fn has_replication_feature(&self, feature: &str) -> bool {
+        self.parameter("replication_features")
+            .is_some_and(|list| list.split(',').any(|f| f.trim() == feature))
+    }
+
     /// The server's major version (e.g. 15), from `server_version`.
     pub fn server_major_version(&self) -> Option<u32> {
         let v = self.parameter("server_version")?;

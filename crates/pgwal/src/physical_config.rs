@@ -149,9 +149,9 @@ impl PhysicalConfig {
 
     /// Whether status updates carry the trailing receive pointer (42-byte
     /// form, default) or are the stock 34-byte message. The pointer is only
-    /// sent once the server has said it understands it (a keepalive whose
-    /// last byte is 2 or 3, which pgwal's patched servers send when
-    /// streaming starts); stock servers always get the 34-byte form.
+    /// sent to a server that lists `receive_position` in its
+    /// `replication_features` parameter (pgwal's patched servers do); stock
+    /// servers always get the 34-byte form.
     pub fn receive_pointer(mut self, v: bool) -> Self {
         self.receive_pointer = v;
         self

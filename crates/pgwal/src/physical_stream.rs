@@ -207,7 +207,7 @@ impl PhysicalReceiver {
             written: Lsn::INVALID,
             flushed: Lsn::INVALID,
             reported: (Lsn::INVALID, Lsn::INVALID),
-            server_knows_receive: false,
+            server_knows_receive: client.has_replication_feature("receive_position"),
         };
         let resume = r.with_dir(|w| w.resume_point()).await?;
         let (start, mut timeline) = match (r.pc.start, resume) {
@@ -283,8 +283,8 @@ struct Receiver {
     flushed: Lsn,
     /// `(write, flush)` of the last status update.
     reported: (Lsn, Lsn),
-    /// The server said it understands the receive pointer (keepalive byte 2
-    /// or 3); only then do status updates carry it.
+    /// The server lists `receive_position` in `replication_features`, so it
+    /// reads the receive pointer; only then do status updates carry it.
     server_knows_receive: bool,
 }
 
@@ -415,7 +415,6 @@ impl Receiver {
                     }
                     BackendReplicationMessage::PrimaryKeepalive(k) => {
                         b.reply_requested |= k.reply_requested;
-                        self.server_knows_receive |= k.receive_position_wanted;
                     }
                     _ => {}
                 },

@@ -16,6 +16,11 @@ pub enum BackendReplicationMessage {
     /// `f`: how far the streamed WAL is durable on the server (only to
     /// clients that asked with `UNFLUSHED_WAL`).
     SenderFlush(SenderFlush),
+    /// `e`: from now on, report WAL as received as soon as it has arrived,
+    /// before writing it (only to clients that offered `EARLY_RECEIPT`, once
+    /// a transaction has waited for `synchronous_commit = remote_receive`).
+    /// A keepalive asking for a reply follows it.
+    EarlyReceiptRequest,
 }
 
 impl BackendReplicationMessage {
@@ -41,6 +46,11 @@ impl BackendReplicationMessage {
             b'w' => Ok(Self::XLogData(XLogData::decode_body(rest)?)),
             b'k' => Ok(Self::PrimaryKeepalive(PrimaryKeepalive::decode_body(rest)?)),
             b'f' => Ok(Self::SenderFlush(SenderFlush::decode_body(rest)?)),
+            b'e' if rest.is_empty() => Ok(Self::EarlyReceiptRequest),
+            b'e' => Err(DecodeError::TrailingBytes {
+                message: "early receipt request",
+                count: rest.len(),
+            }),
             tag => Err(DecodeError::UnknownTag {
                 context: "replication message",
                 tag,
@@ -63,6 +73,7 @@ impl BackendReplicationMessage {
                 buf.put_u8(b'f');
                 f.encode_body(buf);
             }
+            Self::EarlyReceiptRequest => buf.put_u8(b'e'),
         }
     }
 }

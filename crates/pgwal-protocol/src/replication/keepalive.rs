@@ -17,28 +17,15 @@ pub struct PrimaryKeepalive {
     /// The server's clock when sending.
     pub server_time: PgTimestamp,
     /// The server asks for an immediate status update (the last byte is
-    /// nonzero).
+    /// nonzero; servers send 0 and 1, and any other nonzero value is read as
+    /// 1).
     pub reply_requested: bool,
-    /// The server understands the receive position at the end of a standby
-    /// status update and asks for it from now on (last byte 2 or 3; sent by
-    /// pgwal's patched servers when physical streaming starts). Clients
-    /// append [`StandbyStatusUpdate::receive`](crate::replication::StandbyStatusUpdate::receive)
-    /// only after this, so stock servers never see it.
-    pub receive_position_wanted: bool,
-    /// The server also asks for WAL to be reported as received as soon as
-    /// it has arrived, before it is written (last byte 3; sent once somebody
-    /// waits for `synchronous_commit = remote_receive`).
-    pub early_receipt_wanted: bool,
 }
 
 /// Last byte of a keepalive: no reply needed.
 const NO_REPLY: u8 = 0;
 /// Last byte: reply now.
 const REPLY_REQUESTED: u8 = 1;
-/// Last byte: reply now, and send the receive position from now on.
-const REPORT_RECEIVE: u8 = 2;
-/// Last byte: as [`REPORT_RECEIVE`], and report receipt before writing.
-const REPORT_RECEIPT_EARLY: u8 = 3;
 
 impl PrimaryKeepalive {
     pub(crate) fn decode_body(body: Bytes) -> Result<Self, DecodeError> {
@@ -51,8 +38,6 @@ impl PrimaryKeepalive {
             wal_end,
             server_time,
             reply_requested: request != NO_REPLY,
-            receive_position_wanted: request == REPORT_RECEIVE || request == REPORT_RECEIPT_EARLY,
-            early_receipt_wanted: request == REPORT_RECEIPT_EARLY,
         };
         r.finish("keepalive")?;
         Ok(k)
@@ -61,11 +46,7 @@ impl PrimaryKeepalive {
     pub(crate) fn encode_body(&self, buf: &mut BytesMut) {
         buf.put_u64(self.wal_end.0);
         buf.put_i64(self.server_time.0);
-        buf.put_u8(if self.early_receipt_wanted {
-            REPORT_RECEIPT_EARLY
-        } else if self.receive_position_wanted {
-            REPORT_RECEIVE
-        } else if self.reply_requested {
+        buf.put_u8(if self.reply_requested {
             REPLY_REQUESTED
         } else {
             NO_REPLY
@@ -87,20 +68,12 @@ mod tests {
 
     #[test]
     fn last_byte_values() {
-        let flags = |k: PrimaryKeepalive| {
-            (
-                k.reply_requested,
-                k.receive_position_wanted,
-                k.early_receipt_wanted,
-            )
-        };
-        assert_eq!(flags(decode(0)), (false, false, false));
-        assert_eq!(flags(decode(1)), (true, false, false));
-        assert_eq!(flags(decode(2)), (true, true, false));
-        assert_eq!(flags(decode(3)), (true, true, true));
-        // A value a later server may define still asks for a reply.
-        assert_eq!(flags(decode(9)), (true, false, false));
-        for v in 0..=3 {
+        assert!(!decode(0).reply_requested);
+        assert!(decode(1).reply_requested);
+        // Values the protocol does not define still ask for a reply.
+        assert!(decode(2).reply_requested);
+        assert!(decode(255).reply_requested);
+        for v in 0..=1 {
             let k = decode(v);
             let mut b = BytesMut::new();
             k.encode_body(&mut b);
