@@ -19,7 +19,9 @@ per wait event).  A variant may add concurrent reader clients (a second
 pgbench with its own script and session settings).  Each run is stored
 with its config.
 A group's environment (disk profiles, network profile) is applied once
-before its first run.
+before its first run.  A variant's environment may name a build (a bin
+dir): the nodes are then restarted on it, so variants of a stock and a
+patched build interleave in one group.
 """
 from __future__ import annotations
 
@@ -45,6 +47,10 @@ class MethodConf:
     sync: bool = True
     replay_timeout: float = 300.0
     reset_data: bool = False
+    # restart every node before each run (and prove the environment again):
+    # no run inherits state from the one before it, e.g. a walsender that a
+    # remote_receive commit asked for early receipts
+    restart: bool = False
     # VACUUM the workload's tables before each run: the lab switches
     # variants with a configuration reload, and every reload makes the
     # autovacuum launcher reschedule its databases a full naptime ahead, so
@@ -87,6 +93,9 @@ def apply_env(cluster, env: dict) -> bool:
     """Put the group's environment in place; True when a node, link or
     standby setting changed (and the proof must be taken again)."""
     changed = False
+    if "build" in env and Path(env["build"]).resolve() != Path(cluster.spec.bin_dir).resolve():
+        cluster.switch_build(Path(env["build"]))
+        changed = True
     if "primary_disk" in env and cluster.primary.disk_profile.name != env["primary_disk"]:
         cluster.primary.set_disk(env["primary_disk"])
         changed = True
@@ -619,6 +628,9 @@ def run_groups(cluster, variants: list[Variant], conf: MethodConf, store, scenar
                 if conf.reset_data:
                     v.workload.reset(cluster.primary)
                 vacuum_s = v.workload.vacuum(cluster.primary) if conf.vacuum else None
+                if conf.restart:
+                    cluster.restart_all()
+                    proved = prove()
                 catchup = quiesce(cluster, conf)
                 started = time.time()
                 metrics = measure(cluster, v, conf)

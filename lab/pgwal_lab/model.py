@@ -40,7 +40,10 @@ def inputs(proof: dict, standby: str = "s1", reply_events: str | None = None) ->
     pp, sp, link = p.get("disk", {}).get("probe"), s.get("disk", {}).get("probe"), s.get("link")
     if not pp or not sp or not link or not link.get("rtt_ms_median"):
         return None
-    events = [e.strip() for e in (reply_events or "receive, flush").split(",")]
+    # the standby's setting as the proof saw it; runs from before the proof
+    # recorded it had the lab's old default 'receive, flush'
+    proved = s.get("settings", {}).get("wal_receiver_reply_events")
+    events = [e.strip() for e in (proved or reply_events or "receive, flush").split(",")]
     return {"w": pp["pwrite_us_median"] / 1000, "F_p": pp["fdatasync_us_median"] / 1000,
             "rtt": link["rtt_ms_median"], "W_s": sp["pwrite_us_median"] / 1000,
             "F_s": sp["fdatasync_us_median"] / 1000, "write_reply": "write" in events}

@@ -197,15 +197,26 @@ def prove_build(cluster) -> dict:
             "build": info or None}
 
 
+STANDBY_SETTINGS = ("wal_receiver_reply_events", "wal_receiver_flush_worker", "wal_receiver_accept_unflushed")
+
+
+def standby_settings(node) -> dict:
+    """The standby settings that change what a commit waits for, as the
+    standby has them (those its build knows)."""
+    return dict(node.sql("SELECT name, setting FROM pg_settings WHERE name = ANY(%s) ORDER BY name",
+                         (list(STANDBY_SETTINGS),)))
+
+
 def prove(cluster) -> dict:
     """Check every label of a lab-made cluster; returns what was checked."""
     out = {"build": prove_build(cluster), "nodes": {}}
     for n in cluster.nodes.values():
         if not n.running:
             continue
-        entry = {"disk": prove_disk(n)}
+        entry = {"disk": prove_disk(n), "postmaster_pid": n.pid()}
         if n.upstream is not None:
             entry["link"] = prove_link(n)
+            entry["settings"] = standby_settings(n)
         out["nodes"][n.name] = entry
     return out
 

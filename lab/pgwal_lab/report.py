@@ -147,6 +147,29 @@ def replay_delay_section(variants) -> list[str]:
     return lines
 
 
+def build_proofs(recs) -> str:
+    """Which postgres each of a variant's runs was shown to execute."""
+    seen: dict[str, int] = {}
+    for r in recs:
+        b = (r.get("proof") or {}).get("build") or {}
+        key = f"{'patched' if b.get('patched') else 'stock'} {b.get('server_version')} ({b.get('postgres')})"
+        seen[key] = seen.get(key, 0) + 1
+    return ", ".join(f"{k} in {n} of {len(recs)} runs" for k, n in seen.items())
+
+
+def _env_label(recs) -> dict | None:
+    """A variant's environment as the report shows it: a build by its name
+    (the proof line gives its path)."""
+    env = recs[0].get("variant_config", {}).get("env")
+    if env and "build" in env:
+        env = {**env, "build": _meta(recs).get("build") or env["build"]}
+    return env
+
+
+def _meta(recs) -> dict:
+    return recs[0].get("variant_config", {}).get("meta", {})
+
+
 def group_records(records):
     out: dict = {}
     for r in records:
@@ -523,7 +546,7 @@ def render(records: list[dict], out: Path, title: str | None = None) -> Path:
         for g, variants in groups.items():
             first = next(iter(variants.values()))[0]
             vc = first.get("variant_config", {})
-            envs = {v: recs[0].get("variant_config", {}).get("env") for v, recs in variants.items()}
+            envs = {v: _env_label(recs) for v, recs in variants.items()}
             if len({repr(e) for e in envs.values()}) > 1:  # environments alternate within the group
                 env_text = "per variant: " + "; ".join(f"`{v}` {e or 'default'}" for v, e in envs.items())
             else:
@@ -532,6 +555,9 @@ def render(records: list[dict], out: Path, title: str | None = None) -> Path:
             proved = first.get("proof")
             proved_text = f"Proved before the first run: {summary(proved)}." if proved else \
                 "Not proved (runs from before the lab checked its environment)."
+            if any(_meta(recs).get("build") for recs in variants.values()):
+                proved_text += " Build proved before each run: " + "; ".join(
+                    f"`{v}` {build_proofs(recs)}" for v, recs in variants.items()) + "."
             wl = vc.get("workload", {})
             # a pgbench built-in script is named too (tpcb runs tpcb-like or simple-update)
             wl_text = str(wl.get("name")) + (f" (pgbench -b {wl['builtin']})" if wl.get("builtin") else "")
@@ -568,11 +594,18 @@ def render(records: list[dict], out: Path, title: str | None = None) -> Path:
                               "(reconnect); their CPU figures are left out."]
             names = list(variants)
             if len(names) > 1:
-                lines += ["", "Ratios of median TPS with bootstrap 95% CI and Mann-Whitney U, against the "
-                          f"group's first variant (`{names[0]}`) and against the previous variant:", "",
-                          "| variant | vs | ratio | 95% CI | p | verdict |", "|---|---|---|---|---|---|"]
-                pairs = [(names[0], v) for v in names[1:]]
-                pairs += [(names[i - 1], names[i]) for i in range(2, len(names))]
+                # with a stock baseline: every patched variant against each stock one
+                stock = [v for v in names if _meta(variants[v]).get("build") == "stock"]
+                if stock:
+                    intro = ("Ratios of median TPS with bootstrap 95% CI and Mann-Whitney U: every variant of "
+                             "the patched build against each variant of the stock build (`stock:`):")
+                    pairs = [(b, v) for v in names if v not in stock for b in stock]
+                else:
+                    intro = ("Ratios of median TPS with bootstrap 95% CI and Mann-Whitney U, against the "
+                             f"group's first variant (`{names[0]}`) and against the previous variant:")
+                    pairs = [(names[0], v) for v in names[1:]]
+                    pairs += [(names[i - 1], names[i]) for i in range(2, len(names))]
+                lines += ["", intro, "", "| variant | vs | ratio | 95% CI | p | verdict |", "|---|---|---|---|---|---|"]
                 for base, v in pairs:
                     c = stats.compare(_vals(variants[base], "tps"), _vals(variants[v], "tps"), name_a=base, name_b=v)
                     lines.append(f"| {v} | {base} | {_fmt(c['ratio'], 3)} | {_fmt(c['ci_low'], 3)}–"

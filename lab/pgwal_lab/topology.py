@@ -83,17 +83,10 @@ def server_settings_sample(bin_dir) -> str:
         return ""
 
 
-def version_settings(bin_dir) -> dict:
-    """Settings that only some servers know.
-
-    A standby of the patched server reports WAL it has received before
-    writing it only if wal_receiver_reply_events includes "receive"; without
-    it remote_receive waits like remote_write.  'receive, flush' sends no
-    more status updates than the default ('write, flush')."""
-    extra = {}
-    if "wal_receiver_reply_events" in server_settings_sample(bin_dir):
-        extra["wal_receiver_reply_events"] = "receive, flush"
-    return extra
+def knows_setting(bin_dir, name: str) -> bool:
+    """Whether the server in bin_dir has the setting `name` (from its
+    postgresql.conf.sample, so without starting it)."""
+    return name in server_settings_sample(bin_dir)
 
 
 def q(v) -> str:
@@ -235,8 +228,9 @@ class Node(SqlNode):
         conf = self.datadir / "postgresql.conf"
         with conf.open("a") as f:
             f.write("\n# pgwal-lab\n")
-            settings = {**BASE_SETTINGS, **version_settings(self.cluster.spec.bin_dir),
-                        **self.cluster.spec.settings}
+            # every other setting keeps the server's default (a standby's
+            # wal_receiver_reply_events too), as a user's server would
+            settings = {**BASE_SETTINGS, **self.cluster.spec.settings}
             for k, v in settings.items():
                 f.write(f"{k} = {q(v)}\n")
             f.write("include_if_exists = 'lab_node.conf'\n")
@@ -439,6 +433,40 @@ class Cluster(ReplicationSet):
         from . import proof
 
         return proof.prove(self)
+
+    def restart_all(self) -> None:
+        """Stop every node (the primary first, so its walsenders send what
+        it has), then start them again: the next run begins with fresh
+        processes and shared memory, whatever the run before it set up."""
+        running = [n for n in self.nodes.values() if n.running]
+        for n in running:
+            n.stop()
+        for n in running:
+            n.start()
+        self.wait_streaming()
+
+    def switch_build(self, bin_dir: Path) -> None:
+        """Run every node on the binaries in bin_dir from now on.
+
+        The builds must share the data directory format (pgwal's series
+        changes no catalog; compat/stock_roundtrip.pl checks it).  Settings
+        made with ALTER SYSTEM are reset first: the other build may not know
+        them and would refuse to start; the method sets each variant's own
+        again before its run."""
+        bin_dir = Path(bin_dir)
+        if not (bin_dir / "postgres").exists():
+            raise LabError(f"no postgres in {bin_dir}")
+        for n in self.nodes.values():
+            if n.running:
+                n.sql("ALTER SYSTEM RESET ALL")
+        running = [n for n in self.nodes.values() if n.running]
+        for n in running:
+            n.stop()
+        self.spec.bin_dir = bin_dir
+        self.save_state()
+        for n in running:
+            n.start()
+        self.wait_streaming()
 
     def set_setting(self, name: str, value, node: Node | None = None) -> None:
         (node or self.primary).alter_system({name: value})

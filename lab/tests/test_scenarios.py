@@ -1,4 +1,7 @@
 """A tiny smoke run of each scenario (seconds), plus the report."""
+import os
+from pathlib import Path
+
 import pytest
 
 from pgwal_lab import scenarios
@@ -137,3 +140,45 @@ def test_unflushed_variants_and_commit_model_smoke(pg_bin, tmp_path):
     assert "COMMIT latency against the model" in text and "| on+uw |" in text
     assert "calibrated ms" in text and "| local | " in text and "(calibration)" in text
     assert "upstream_flush" in text
+
+
+def test_stock_baseline_interleaves_builds(pg_bin, tmp_path):
+    """baseline=stock runs stock levels on the unpatched build of the same
+    source and the patched levels on pgwal's, in one interleaved group on
+    the same data directories, restarting before every run; each run's
+    proof names the postgres it executed, and the report compares every
+    patched variant with each stock one."""
+    from pgwal_lab import topology
+    from pgwal_lab.util import REPO
+
+    if not topology.knows_setting(pg_bin, "wal_receiver_flush_worker"):
+        pytest.skip("needs the patched server")
+    stock = Path(os.environ.get("PGWAL_LAB_BASELINE_BIN", REPO / ".build/install/stock/bin"))
+    if not (stock / "postgres").exists():
+        pytest.fail(f"no unpatched 18 build in {stock}: server/pg test builds it (flavour stock)")
+    records, out = run_scenario("sync-modes", pg_bin,
+                                {"baseline": "stock", "baseline_bin": str(stock), "levels": ["remote_receive"],
+                                 "flush_worker": "off,on", "iterations": 2},
+                                smoke=True, results=tmp_path, max_minutes=8, quiet=True)
+    names = ["stock:on", "stock:remote_write", "pgwal:remote_receive", "pgwal:remote_receive+fw"]
+    assert [r["variant"] for r in records] == names * 2  # interleaved
+    pids = set()
+    for r in records:
+        b = r["proof"]["build"]
+        want = stock if r["variant"].startswith("stock:") else pg_bin
+        assert Path(b["postgres"]) == (Path(want) / "postgres").resolve()
+        assert b["patched"] == r["variant"].startswith("pgwal:")
+        settings = r["proof"]["nodes"]["s1"]["settings"]
+        if b["patched"]:
+            # the server's default, not a lab choice
+            assert settings["wal_receiver_reply_events"] == "write, flush"
+            assert settings["wal_receiver_flush_worker"] == ("on" if r["variant"].endswith("+fw") else "off")
+        else:
+            assert settings == {}
+        assert r["method"]["restart"] is True and r["metrics"]["tps"] > 0
+        pids.add(r["proof"]["nodes"]["primary"]["postmaster_pid"])
+    assert len(pids) == len(records)  # a fresh primary for every run
+    text = (out / "report.md").read_text()
+    assert "against each variant of the stock build" in text
+    assert "| pgwal:remote_receive | stock:remote_write |" in text
+    assert "`stock:on` stock 18" in text and "in 2 of 2 runs" in text

@@ -38,13 +38,16 @@ def test_replicates_through_cascade(cluster):
 
 def test_standbys_report_receipt_on_servers_that_can(cluster, pg_bin):
     """On the patched server a standby reports WAL it holds before writing it
-    (so remote_receive differs from remote_write); stock servers get nothing."""
+    once a remote_receive commit asks for it (the primary negotiates early
+    receipt), so remote_receive differs from remote_write; stock servers get
+    nothing."""
     s1 = cluster.nodes["s1"]
-    supported = bool(topology.version_settings(pg_bin))
+    supported = topology.knows_setting(pg_bin, "wal_receiver_reply_events")
     known = s1.scalar("SELECT count(*) FROM pg_settings WHERE name = 'wal_receiver_reply_events'")
     assert known == (1 if supported else 0)
     if supported:
-        assert s1.scalar("SHOW wal_receiver_reply_events") == "receive, flush"
+        # the server's default: the lab changes no standby setting unasked
+        assert s1.scalar("SHOW wal_receiver_reply_events") == "write, flush"
         p = cluster.primary
         p.sql("CREATE TABLE IF NOT EXISTS rr (x int)")
         with p.connect() as c:

@@ -94,6 +94,10 @@ def method_conf(params: dict) -> MethodConf:
     return MethodConf(iterations=int(params["iterations"]), duration=float(params["duration"]),
                       warmup=float(params["warmup"]), settle=float(params["settle"]),
                       reset_data=as_bool(params.get("reset_data", False), "reset_data"),
+                      # fresh processes before every run; on by default when
+                      # a run switches builds (sync-modes baseline=stock)
+                      restart=as_bool(params.get("restart", str(params.get("baseline") or "none") not in
+                                                 ("none", "off", "")), "restart"),
                       vacuum=as_bool(params.get("vacuum", True), "vacuum"),
                       wait_sample_s=float(params.get("wait_sample_s", 0.2)),
                       replay_probe_s=float(params.get("replay_probe_ms", 0)) / 1000)

@@ -12,12 +12,12 @@ shim spec such as "fsync=2000,match=pg_wal" (the primary's WAL fsync cost).
 
 commit_apart=true runs BEGIN, INSERT and COMMIT as separate statements and
 times each (pgbench -r): the report then compares each variant's COMMIT
-latency with the latency model of design v2 (§12.1), from the proved
-fsync and round-trip times; with `local` among the levels it also shows
-the model calibrated by local's measured COMMIT (model.py).  reply_events sets the standby's
-wal_receiver_reply_events (the lab's default 'receive, flush' sends no
-reply after the write, so remote_write then waits for the flush reply;
-'receive, write, flush' gives each level its own reply)."""
+latency with the commit latency model (model.py; docs/design/lab.md), from
+the proved fsync and round-trip times; with `local` among the levels it
+also shows the model calibrated by local's measured COMMIT.  reply_events
+sets the standby's wal_receiver_reply_events (default: the server's own,
+'write, flush'; before 2026-11-28 the lab set 'receive, flush', which sends
+no reply after the write, so remote_write then waited for the flush)."""
 from __future__ import annotations
 
 from .. import topology
@@ -51,7 +51,7 @@ def run(ctx: Context, params: dict) -> list[dict]:
         params["primary_disk"] = ",".join(params["primary_disk"])
     extra = {"wal_receiver_accept_unflushed": "on"} if "written" in modes else {}
     if params.get("reply_events"):
-        if not topology.version_settings(ctx.bin_dir):
+        if not topology.knows_setting(ctx.bin_dir, "wal_receiver_reply_events"):
             raise LabError("this server has no wal_receiver_reply_events (patch 0002)")
         extra["wal_receiver_reply_events"] = ", ".join(as_list(params["reply_events"]))
     spec = topology.ClusterSpec(bin_dir=ctx.bin_dir, primary_disk=params.get("primary_disk", "nvme"),

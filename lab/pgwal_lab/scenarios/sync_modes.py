@@ -4,21 +4,38 @@ across three environments:
   lan-fast          LAN link (0.05 ms one way), nvme disks everywhere
   lan-slow-standby  LAN link, standby disk 'slow-write' (+2 ms fsync, +0.3 ms pwrite)
   wan20             ~20 ms RTT link (10 ms each way), nvme disks
-On the patched server the standby's wal_receiver_reply_events defaults to
-'receive, flush' (--set reply_events=receive,write,flush to change it), and
-each level runs with the standby's wal_receiver_flush_worker off and on
-(variant names 'LEVEL' and 'LEVEL+fw'; --set flush_worker=off|on|off,on).
+Every server setting the lab does not need keeps the server's default; a
+patched standby's wal_receiver_reply_events is 'write, flush' unless
+--set reply_events=... says otherwise.  On the patched server each level
+runs with the standby's wal_receiver_flush_worker off and on (variant names
+'LEVEL' and 'LEVEL+fw'; --set flush_worker=off|on|off,on).
 Levels are discovered from pg_settings, so a patched server's new levels
 (e.g. remote_receive) join automatically.  --set workload=simple-update runs
 pgbench -N.  --set unflushed=off,on adds 'LEVEL+uw' variants of the levels
 that wait for the standby, with the primary's stream_unflushed_wal =
 written (patch 0010); the standby then accepts unflushed WAL in every
-variant, so the pairs differ only in the primary's setting."""
+variant, so the pairs differ only in the primary's setting.
+
+--set baseline=stock measures against what a user runs today: the levels
+in baseline_levels (default on,remote_write) on the unpatched build of the
+same source built like the bench flavour (baseline_bin, default
+.build/install/stock-bench/bin: server/pg build --flavour stock-bench),
+interleaved with the patched build's levels in one group.  Variant names
+then say the build ('stock:on', 'pgwal:remote_receive+fw'); both builds run
+the same data directories (made by the stock build's initdb, as a
+cluster pgwal's packages are installed over; the series changes no
+catalog), restarted between builds and, with restart=true (the default with a baseline), before
+every run, so no run inherits a walsender or shared memory from the one
+before it."""
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 from .. import topology
 from ..method import Variant
-from ..util import LabError
+from ..proof import read_build_info
+from ..util import IN_CHECKOUT, REPO, LabError
 from ..workloads import WORKLOADS, tpcb
 from . import Context, as_list, level_gucs, method_conf, sync_levels
 from .large_txn import unflushed_modes
@@ -32,7 +49,7 @@ PROFILES = {
     "wan20": {"net": "wan20", "primary_disk": "nvme", "standby_disk": "nvme"},
 }
 DEFAULTS = {"levels": "auto", "profiles": list(PROFILES), "workload": "tpcb", "scale": 10, "clients": 4,
-            "flush_worker": "auto", "unflushed": "off",
+            "flush_worker": "auto", "unflushed": "off", "baseline": "none", "baseline_levels": "on,remote_write",
             "iterations": 10, "duration": 30, "warmup": 5, "settle": 10}
 SMOKE = {"profiles": ["lan-fast"], "scale": 1, "clients": 2, "iterations": 1, "duration": 1, "warmup": 0,
          "settle": 0}
@@ -52,23 +69,34 @@ def run(ctx: Context, params: dict) -> list[dict]:
         if p not in known:
             raise LabError(f"unknown profile {p!r} (known: {', '.join(known)}; add custom_profiles)")
     first = known[profiles[0]]
-    # reply_events: the standby's wal_receiver_reply_events on servers that
-    # have it (default 'receive, flush'; 'receive, write, flush' lets
-    # remote_write commits return after the write, not after the flush)
+    # reply_events: the standby's wal_receiver_reply_events (patched servers;
+    # unset, the server's default 'write, flush')
     settings = {}
+    baseline = baseline_build(params, existing)
     uw_modes = unflushed_modes(ctx.bin_dir, params.get("unflushed", "off"))
     if "written" in uw_modes:
         if existing:
             raise LabError("unflushed variants need a lab-made cluster (the standby must accept unflushed WAL)")
         settings["wal_receiver_accept_unflushed"] = "on"
-    if params.get("reply_events") and topology.version_settings(ctx.bin_dir):
+    if params.get("reply_events"):
+        if not topology.knows_setting(ctx.bin_dir, "wal_receiver_reply_events"):
+            raise LabError("this server has no wal_receiver_reply_events (patch 0002)")
+        if baseline:
+            raise LabError("reply_events with a baseline: the stock build has no such setting")
         settings["wal_receiver_reply_events"] = ", ".join(as_list(params["reply_events"]))
+    if baseline and "written" in uw_modes:
+        raise LabError("unflushed variants with a baseline: the standby's wal_receiver_accept_unflushed "
+                       "would stop the stock build from starting (use large-txn)")
     if existing:
         from ..external import ExternalCluster
 
         cluster_cm = ExternalCluster(existing, ctx.log)
     else:
-        spec = topology.ClusterSpec(bin_dir=ctx.bin_dir, primary_disk=first["primary_disk"], settings=settings,
+        # with a baseline the stock build makes the data directories: the
+        # patched build runs them as it runs any stock 18 cluster it is
+        # installed over, while the patched initdb's system views would not
+        # work on stock binaries
+        spec = topology.ClusterSpec(bin_dir=baseline or ctx.bin_dir, primary_disk=first["primary_disk"], settings=settings,
                                     standbys=[topology.StandbySpec("s1", sync=True, disk=first["standby_disk"],
                                                                    net=first["net"])])
         cluster_cm = topology.Cluster(spec)
@@ -82,6 +110,8 @@ def run(ctx: Context, params: dict) -> list[dict]:
         raise LabError(f"unknown workload {params['workload']!r} (known: {', '.join(WORKLOADS)})")
     conf = method_conf(params)
     with cluster_cm as cluster:
+        if baseline:
+            cluster.switch_build(ctx.bin_dir)  # the patched server's levels and settings
         available = sync_levels(cluster.primary)
         auto = available
         if existing:
@@ -104,15 +134,11 @@ def run(ctx: Context, params: dict) -> list[dict]:
             has_fw = False
         has_replies = cluster.standbys[0].scalar(
             "SELECT count(*) FROM pg_settings WHERE name = 'wal_receiver_reply_events'") == 1
-        if existing and has_replies and "wal_receiver_reply_events" in existing.may_change:
+        if existing and has_replies and params.get("reply_events"):
+            if "wal_receiver_reply_events" not in existing.may_change:
+                raise LabError("reply_events: the cluster file does not allow changing wal_receiver_reply_events")
             # what a lab-made standby gets at initdb, a user's by ALTER SYSTEM
-            standby_extra = {"wal_receiver_reply_events": ", ".join(as_list(params.get("reply_events")
-                                                                            or ["receive", "flush"]))}
-        elif existing and "remote_receive" in levels:
-            ctx.log("note: the standby keeps its own wal_receiver_reply_events; a primary with patch 0007 "
-                    "asks a synchronous standby for early receipt anyway, an older one does not, and then "
-                    "remote_receive waits like remote_write unless 'receive' is listed "
-                    "(allow the setting in may_change to set it)")
+            standby_extra = {"wal_receiver_reply_events": ", ".join(as_list(params["reply_events"]))}
         fws = (["off", "on"] if has_fw else ["off"]) if fw_param == "auto" else as_list(fw_param)
         if not has_fw and fw_param != "auto" and fws != ["off"]:
             raise LabError("this server has no wal_receiver_flush_worker")
@@ -120,15 +146,20 @@ def run(ctx: Context, params: dict) -> list[dict]:
         # (each switch restarts the standby/proxy); default: one group per profile
         one_group = bool(params.get("interleave_profiles"))
 
-        def env(prof, fw):
+        def env(prof, fw, build=None):
             standby = dict(standby_extra)
-            if has_fw:
+            if has_fw and build != "stock":
                 standby["wal_receiver_flush_worker"] = fw
-            return {**known[prof], "standby_settings": standby} if standby else known[prof]
+            e = {**known[prof], "standby_settings": standby} if standby else dict(known[prof])
+            if baseline:
+                e["build"] = str(baseline if build == "stock" else ctx.bin_dir)
+            return e
 
-        def vname(prof, lvl, fw, uw):
+        def vname(prof, lvl, fw, uw, build=None):
             name = lvl + ("+fw" if fw == "on" and lvl not in LOCAL_LEVELS else "")
             name += "+uw" if uw == "written" else ""
+            if baseline:
+                name = f"{build}:{name}"
             return f"{prof}/{name}" if one_group else name
 
         def level_settings(lvl, uw):
@@ -146,12 +177,56 @@ def run(ctx: Context, params: dict) -> list[dict]:
         # A level that does not wait for the standby runs once, whatever
         # flush_worker lists (the standby's flush path does not affect it).
         # Unflushed sending, too, matters only to levels that wait for the standby.
-        variants = [Variant(vname(prof, lvl, fw, uw), "all profiles" if one_group else prof, wl,
-                            int(params["clients"]), level_settings(lvl, uw), env(prof, fw),
-                            {"level": lvl, "profile": prof, "flush_worker": fw, "unflushed": uw})
-                    for prof in profiles for lvl in levels for fw in fws for uw in uw_modes
-                    if (fw == fws[0] and uw == uw_modes[0]) or lvl not in LOCAL_LEVELS]
-        ctx.log(f"{NAME}: levels {levels}, profiles {profiles}, server {cluster.server_version()}")
+        variants = []
+        for prof in profiles:
+            group = "all profiles" if one_group else prof
+            if baseline:
+                # what the user runs today first: the report compares every
+                # patched variant with each of these
+                variants += [Variant(vname(prof, lvl, "off", "flushed", "stock"), group, wl, int(params["clients"]),
+                                     {"synchronous_commit": lvl}, env(prof, "off", "stock"),
+                                     {"level": lvl, "profile": prof, "build": "stock", "flush_worker": "off",
+                                      "unflushed": "flushed"})
+                             for lvl in baseline_levels(params)]
+            variants += [Variant(vname(prof, lvl, fw, uw, "pgwal"), group, wl, int(params["clients"]),
+                                 level_settings(lvl, uw), env(prof, fw, "pgwal"),
+                                 {"level": lvl, "profile": prof, "flush_worker": fw, "unflushed": uw,
+                                  **({"build": "pgwal"} if baseline else {})})
+                         for lvl in levels for fw in fws for uw in uw_modes
+                         if (fw == fws[0] and uw == uw_modes[0]) or lvl not in LOCAL_LEVELS]
+        ctx.log(f"{NAME}: levels {levels}, profiles {profiles}, server {cluster.server_version()}"
+                + (f"; baseline: {', '.join(baseline_levels(params))} on {baseline}" if baseline else ""))
         topo = (f"existing cluster: primary + {', '.join(s.name for s in cluster.standbys)}" if existing
                 else "primary + 1 sync standby")
         return ctx.run_variants(cluster, NAME, variants, conf, wl, topo, params)
+
+
+STOCK_LEVELS = ("off", "local", "remote_write", "on", "remote_apply")
+
+
+def baseline_build(params: dict, existing) -> Path | None:
+    """The bin dir of the unpatched build the patched levels are measured
+    against (--set baseline=stock), or None."""
+    which = str(params.get("baseline") or "none")
+    if which in ("none", "off", ""):
+        return None
+    if which != "stock":
+        raise LabError(f"baseline: expected stock or none, got {which!r}")
+    if existing:
+        raise LabError("a baseline needs a lab-made cluster (both builds run its data directories)")
+    default = REPO / ".build" / "install" / "stock-bench" / "bin" if IN_CHECKOUT else None
+    bin_dir = Path(params.get("baseline_bin") or os.environ.get("PGWAL_LAB_STOCK_BIN") or default or "")
+    if not (bin_dir / "postgres").exists():
+        raise LabError(f"baseline: no postgres in {bin_dir} (build it: server/pg build --flavour stock-bench, "
+                       "or give --set baseline_bin=DIR)")
+    if read_build_info(bin_dir):
+        raise LabError(f"baseline: {bin_dir} holds pgwal's patched build (PGWAL-BUILD), not stock")
+    return bin_dir.resolve()
+
+
+def baseline_levels(params: dict) -> list[str]:
+    levels = as_list(params.get("baseline_levels") or "on,remote_write")
+    bad = [lvl for lvl in levels if lvl not in STOCK_LEVELS]
+    if bad:
+        raise LabError(f"baseline_levels: stock PostgreSQL has no level {', '.join(bad)}")
+    return levels
