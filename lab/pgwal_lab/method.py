@@ -624,13 +624,13 @@ def run_groups(cluster, variants: list[Variant], conf: MethodConf, store, scenar
                     raise LabError(f"scenario time limit reached in {gname} iteration {it}")
                 if apply_env(cluster, v.env):  # only when this variant's environment differs
                     proved = prove()
+                if conf.restart:  # before the settings: a new stream negotiates with them
+                    cluster.restart_all()
+                    proved = prove()
                 apply_settings(cluster, v.settings)
                 if conf.reset_data:
                     v.workload.reset(cluster.primary)
                 vacuum_s = v.workload.vacuum(cluster.primary) if conf.vacuum else None
-                if conf.restart:
-                    cluster.restart_all()
-                    proved = prove()
                 catchup = quiesce(cluster, conf)
                 started = time.time()
                 metrics = measure(cluster, v, conf)

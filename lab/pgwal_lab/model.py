@@ -1,4 +1,4 @@
-"""The commit latency model of unflushed-WAL streaming (design v2, §12.1).
+"""The commit latency model of unflushed-WAL streaming (docs/design/unflushed-wal.md).
 
 One commit of one client, with the primary's WAL write `w` and fsync `F_p`,
 the link's round trip `RTT` and the standby's work `S` before it replies:
@@ -12,7 +12,7 @@ otherwise its write position reaches the primary with the flush reply) and
 write + fsync for on.  Every input comes from what the lab proved before
 the group's first run: the fsync shim's probe on each node (fdatasync and
 pwrite medians, as the server user, on the node's file system) and the
-round trip through the delay proxy.  The bar is the design's: within ±15 %
+round trip through the delay proxy.  The bar (issue 19): within ±15 %
 of the model, or ±0.3 ms where 15 % is less.
 
 The probes are single small writes and fsyncs, so the model leaves out the

@@ -65,7 +65,7 @@ def commit_model_section(variants) -> list[str]:
         meta = recs[0].get("variant_config", {}).get("meta", {})
         if meta.get("level") == "local" and _med(recs, "commit_ms") is not None:
             local[meta.get("unflushed") == "written"] = _med(recs, "commit_ms")
-    lines = ["", f"COMMIT latency against the model (design v2 §12.1; inputs from the proof, ms: "
+    lines = ["", f"COMMIT latency against the model (docs/design/unflushed-wal.md; inputs from the proof, ms: "
                  f"primary pwrite {inp['w']:.3f}, fdatasync {inp['F_p']:.3f}; RTT {inp['rtt']:.3f}; "
                  f"standby pwrite {inp['W_s']:.3f}, fdatasync {inp['F_s']:.3f}; standby replies after its "
                  f"write: {'yes' if inp['write_reply'] else 'no'}). Measured: the mean of each run's COMMIT "

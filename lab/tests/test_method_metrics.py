@@ -47,6 +47,19 @@ def test_matrix_variants_groups_and_readers():
     assert d["readers"] == 4 and d["reader_workload"]["name"] == "counter-reader"
 
 
+def test_matrix_variants_with_a_stock_baseline():
+    """Each group runs the stock levels on the stock build first, then the
+    patched levels on the patched build; names and meta say which."""
+    builds = {"stock": "/s/bin", "pgwal": "/p/bin"}
+    vs = matrix_variants(["on+commit_early_release"], [1.0], [128], [0], hot_counter(), None, builds, ["on", "off"])
+    assert [v.name for v in vs] == ["stock:on", "stock:off", "pgwal:on+commit_early_release"]
+    assert [v.env["build"] for v in vs] == ["/s/bin", "/s/bin", "/p/bin"]
+    assert [v.meta["build"] for v in vs] == ["stock", "stock", "pgwal"]
+    # the stock build knows no commit_early_release: its variants set only the level
+    assert vs[0].settings == {"synchronous_commit": "on"}
+    assert vs[2].settings == {"synchronous_commit": "on", "commit_early_release": "on"}
+
+
 def test_wait_keys_and_summary():
     k = WaitSampler.key
     assert k("pgwal-writer", "active", "Lock", "transactionid") == "writer:Lock:transactionid"

@@ -1,4 +1,4 @@
-"""The commit latency model (design v2 §12.1) and the COMMIT timing it is fed."""
+"""The commit latency model (docs/design/unflushed-wal.md) and the COMMIT timing it is fed."""
 import pytest
 
 from pgwal_lab import model

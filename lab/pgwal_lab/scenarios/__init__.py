@@ -2,13 +2,14 @@
 version for tests) and run(ctx, params) -> list of stored records."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from ..method import MethodConf
-from ..util import LabError
+from ..util import IN_CHECKOUT, REPO, LabError
 
 # canonical order, weakest promise first; unknown levels go before "on"
 LEVEL_ORDER = ["off", "local", "local_non_durable_reads", "remote_receive", "remote_write", "on", "remote_apply"]
@@ -117,3 +118,38 @@ def get(name: str):
 
 NAMES = ["sync-modes", "hot-counter", "tpcb-simple", "wal-volume", "large-txn", "audit", "audit-consumer",
          "audit-receiver", "histories"]
+
+
+STOCK_LEVELS = ("off", "local", "remote_write", "on", "remote_apply")
+
+
+def baseline_build(params: dict, existing) -> Path | None:
+    """The bin dir of the unpatched build the patched levels are measured
+    against (--set baseline=stock), or None: baseline_bin, else
+    $PGWAL_LAB_BASELINE_BIN, else the checkout's stock-bench flavour."""
+    which = str(params.get("baseline") or "none")
+    if which in ("none", "off", ""):
+        return None
+    if which != "stock":
+        raise LabError(f"baseline: expected stock or none, got {which!r}")
+    if existing:
+        raise LabError("a baseline needs a lab-made cluster (both builds run its data directories)")
+    default = REPO / ".build" / "install" / "stock-bench" / "bin" if IN_CHECKOUT else None
+    from ..proof import read_build_info
+
+    bin_dir = Path(params.get("baseline_bin") or os.environ.get("PGWAL_LAB_BASELINE_BIN") or default or "")
+    if not (bin_dir / "postgres").exists():
+        raise LabError(f"baseline: no postgres in {bin_dir} (build it: server/pg build --flavour stock-bench, "
+                       "or give --set baseline_bin=DIR)")
+    if read_build_info(bin_dir):
+        raise LabError(f"baseline: {bin_dir} holds pgwal's patched build (PGWAL-BUILD), not stock")
+    return bin_dir.resolve()
+
+
+def baseline_levels(params: dict, default: str) -> list[str]:
+    """The stock build's levels of a baseline run (--set baseline_levels)."""
+    levels = as_list(params.get("baseline_levels") or default)
+    bad = [lvl for lvl in levels if lvl not in STOCK_LEVELS]
+    if bad:
+        raise LabError(f"baseline_levels: stock PostgreSQL has no level {', '.join(bad)}")
+    return levels

@@ -11,14 +11,19 @@ only for the reader clients (their sessions start with it), and
 default 0) adds that many clients running `SELECT counter` in a second
 pgbench alongside the writers; their TPS and latency are reported as
 read_*, the writers' as tps/lat_*.  `+durable_readers` variants are only
-run in groups with readers."""
+run in groups with readers.
+
+--set baseline=stock adds the levels in baseline_levels (default on,off)
+run on the unpatched build of the same source (sync-modes explains the
+baseline); variant names then say the build ('stock:on',
+'pgwal:on+commit_early_release')."""
 from __future__ import annotations
 
 from .. import topology
 from ..method import Variant
 from ..util import LabError
 from ..workloads import Workload, counter_reader, hot_counter
-from . import Context, as_list, level_gucs, method_conf, sync_levels
+from . import Context, as_list, baseline_build, baseline_levels, level_gucs, method_conf, sync_levels
 
 NAME = "hot-counter"
 DEFAULTS = {"clients": [1, 8, 32, 64, 128], "fsync_ms": [0.2, 1, 10], "levels": "auto", "readers": [0],
@@ -59,7 +64,11 @@ def level_settings(levels: list[str]) -> dict[str, tuple[dict, dict]]:
 
 
 def matrix_variants(levels: list[str], fsyncs: list[float], clients: list, readers: list, wl: Workload,
-                    reader_wl: Workload | None = None) -> list[Variant]:
+                    reader_wl: Workload | None = None, builds: dict | None = None,
+                    stock_levels: list[str] | None = None) -> list[Variant]:
+    """One group per (fsync, clients, readers).  With `builds` ({"stock":
+    bin dir, "pgwal": bin dir}) each group first runs `stock_levels` on the
+    stock build, then `levels` on the patched one."""
     parsed = level_settings(levels)
     out = []
     for f in fsyncs:
@@ -67,13 +76,17 @@ def matrix_variants(levels: list[str], fsyncs: list[float], clients: list, reade
             for r in readers:
                 r = int(r)
                 group = f"fsync {f:g} ms, {int(c)} clients" + (f", {r} readers" if r else "")
-                for lvl in levels:
-                    settings, rset = parsed[lvl]
+                runs = [("stock", lvl, {"synchronous_commit": lvl}, {}) for lvl in (stock_levels or [])] if builds else []
+                runs += [("pgwal" if builds else None, lvl, *parsed[lvl]) for lvl in levels]
+                for build, lvl, settings, rset in runs:
                     if rset and not r:
                         continue  # reader-only settings without readers: same as the base level
-                    out.append(Variant(lvl, group, wl, int(c), dict(settings), {"primary_disk": disk_for(f)},
-                                       {"level": lvl, "fsync_ms": f, "clients": int(c), "readers": r},
-                                       readers=r, reader_workload=reader_wl if r else None,
+                    env = {"primary_disk": disk_for(f)}
+                    meta = {"level": lvl, "fsync_ms": f, "clients": int(c), "readers": r}
+                    if build:
+                        env["build"], meta["build"] = str(builds[build]), build
+                    out.append(Variant(f"{build}:{lvl}" if build else lvl, group, wl, int(c), dict(settings), env,
+                                       meta, readers=r, reader_workload=reader_wl if r else None,
                                        reader_settings=dict(rset)))
     return out
 
@@ -90,15 +103,22 @@ def run_matrix(ctx: Context, params: dict, name: str, wl: Workload, reader_wl: W
     """Shared by hot-counter and tpcb-simple: a primary alone, one group per
     (fsync, clients, readers), the levels interleaved within each group."""
     fs = [float(x) for x in as_list(params["fsync_ms"])]
-    spec = topology.ClusterSpec(bin_dir=ctx.bin_dir, primary_disk=disk_for(fs[0]))
+    baseline = baseline_build(params, None)
+    # with a baseline the stock build makes the data directory (see sync-modes)
+    spec = topology.ClusterSpec(bin_dir=baseline or ctx.bin_dir, primary_disk=disk_for(fs[0]))
     if disk_mb:
         spec.disk_mb = int(disk_mb)
     conf = method_conf(params)
     readers = as_list(params.get("readers", [0]))
     with topology.Cluster(spec) as cluster:
+        if baseline:
+            cluster.switch_build(ctx.bin_dir)  # the patched server's levels
         levels = resolve_levels(params, cluster)
-        variants = matrix_variants(levels, fs, as_list(params["clients"]), readers, wl, reader_wl)
-        ctx.log(f"{name}: levels {levels}, fsync {fs} ms, clients {params['clients']}, readers {readers}")
+        builds = {"stock": baseline, "pgwal": ctx.bin_dir} if baseline else None
+        stock = baseline_levels(params, "on,off") if baseline else None
+        variants = matrix_variants(levels, fs, as_list(params["clients"]), readers, wl, reader_wl, builds, stock)
+        ctx.log(f"{name}: levels {levels}, fsync {fs} ms, clients {params['clients']}, readers {readers}"
+                + (f"; baseline: {', '.join(stock)} on {baseline}" if baseline else ""))
         return ctx.run_variants(cluster, name, variants, conf, wl, "primary alone", params)
 
 

@@ -12,19 +12,24 @@ shim spec such as "fsync=2000,match=pg_wal" (the primary's WAL fsync cost).
 
 commit_apart=true runs BEGIN, INSERT and COMMIT as separate statements and
 times each (pgbench -r): the report then compares each variant's COMMIT
-latency with the commit latency model (model.py; docs/design/lab.md), from
+latency with the commit latency model (model.py; docs/design/unflushed-wal.md), from
 the proved fsync and round-trip times; with `local` among the levels it
 also shows the model calibrated by local's measured COMMIT.  reply_events
 sets the standby's wal_receiver_reply_events (default: the server's own,
 'write, flush'; before 2026-11-28 the lab set 'receive, flush', which sends
-no reply after the write, so remote_write then waited for the flush)."""
+no reply after the write, so remote_write then waited for the flush).
+
+--set baseline=stock adds the levels in baseline_levels (default
+remote_write) on the unpatched build of the same source (sync-modes
+explains the baseline); the patched standby then gets
+wal_receiver_accept_unflushed by ALTER SYSTEM in the patched variants only."""
 from __future__ import annotations
 
 from .. import topology
 from ..util import LabError
 from ..method import Variant
 from ..workloads import large_txn
-from . import Context, as_bool, as_list, method_conf
+from . import Context, as_bool, as_list, baseline_build, baseline_levels, method_conf
 
 NAME = "large-txn"
 DEFAULTS = {"levels": ["remote_write"], "net": "wan20", "clients": 32, "rows": 80, "row_bytes": 8000,
@@ -49,12 +54,18 @@ def run(ctx: Context, params: dict) -> list[dict]:
     modes = unflushed_modes(ctx.bin_dir, params.get("unflushed", "auto"))
     if isinstance(params.get("primary_disk"), list):  # a custom spec, split at its commas by --set
         params["primary_disk"] = ",".join(params["primary_disk"])
-    extra = {"wal_receiver_accept_unflushed": "on"} if "written" in modes else {}
+    baseline = baseline_build(params, None)
+    accept = {"wal_receiver_accept_unflushed": "on"} if "written" in modes else {}
+    # without a baseline in every node's configuration; with one only in
+    # the patched variants (the stock build does not know the setting)
+    extra = {} if baseline else dict(accept)
     if params.get("reply_events"):
         if not topology.knows_setting(ctx.bin_dir, "wal_receiver_reply_events"):
             raise LabError("this server has no wal_receiver_reply_events (patch 0002)")
+        if baseline:
+            raise LabError("reply_events with a baseline: the stock build has no such setting")
         extra["wal_receiver_reply_events"] = ", ".join(as_list(params["reply_events"]))
-    spec = topology.ClusterSpec(bin_dir=ctx.bin_dir, primary_disk=params.get("primary_disk", "nvme"),
+    spec = topology.ClusterSpec(bin_dir=baseline or ctx.bin_dir, primary_disk=params.get("primary_disk", "nvme"),
                                 standbys=[topology.StandbySpec("s1", sync=True, disk="nvme", net=params["net"])],
                                 settings=extra)
     wl = large_txn(int(params["rows"]), int(params["row_bytes"]), int(params["tables"]),
@@ -63,12 +74,24 @@ def run(ctx: Context, params: dict) -> list[dict]:
     group = f"{params['net']}, {params['clients']} clients, primary disk {params.get('primary_disk', 'nvme')}"
     with topology.Cluster(spec) as cluster:
         variants = []
+        if baseline:
+            for lvl in baseline_levels(params, "remote_write"):
+                variants.append(Variant(f"stock:{lvl}", group, wl, int(params["clients"]),
+                                        {"synchronous_commit": lvl}, {"net": params["net"], "build": str(baseline)},
+                                        {"level": lvl, "unflushed": "flushed", "build": "stock"}))
+        env = {"net": params["net"]}
+        if baseline:
+            env["build"] = str(ctx.bin_dir)
+            if accept:
+                env["standby_settings"] = accept
         for lvl in as_list(params["levels"]):
             for mode in modes:
                 settings = {"synchronous_commit": lvl}
-                if extra:
+                if accept:
                     settings["stream_unflushed_wal"] = mode
-                variants.append(Variant(lvl + ("+uw" if mode == "written" else ""), group, wl,
-                                        int(params["clients"]), settings, {"net": params["net"]},
-                                        {"level": lvl, "unflushed": mode}))
+                name = lvl + ("+uw" if mode == "written" else "")
+                variants.append(Variant(f"pgwal:{name}" if baseline else name, group, wl,
+                                        int(params["clients"]), settings, dict(env),
+                                        {"level": lvl, "unflushed": mode,
+                                         **({"build": "pgwal"} if baseline else {})}))
         return ctx.run_variants(cluster, NAME, variants, conf, wl, "primary + 1 sync standby", params)

@@ -29,15 +29,11 @@ every run, so no run inherits a walsender or shared memory from the one
 before it."""
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from .. import topology
 from ..method import Variant
-from ..proof import read_build_info
-from ..util import IN_CHECKOUT, REPO, LabError
+from ..util import LabError
 from ..workloads import WORKLOADS, tpcb
-from . import Context, as_list, level_gucs, method_conf, sync_levels
+from . import Context, as_list, baseline_build, baseline_levels, level_gucs, method_conf, sync_levels
 from .large_txn import unflushed_modes
 
 NAME = "sync-modes"
@@ -49,12 +45,14 @@ PROFILES = {
     "wan20": {"net": "wan20", "primary_disk": "nvme", "standby_disk": "nvme"},
 }
 DEFAULTS = {"levels": "auto", "profiles": list(PROFILES), "workload": "tpcb", "scale": 10, "clients": 4,
-            "flush_worker": "auto", "unflushed": "off", "baseline": "none", "baseline_levels": "on,remote_write",
+            "flush_worker": "auto", "unflushed": "off", "baseline": "none", "baseline_levels": "",
             "iterations": 10, "duration": 30, "warmup": 5, "settle": 10}
 SMOKE = {"profiles": ["lan-fast"], "scale": 1, "clients": 2, "iterations": 1, "duration": 1, "warmup": 0,
          "settle": 0}
 
 
+# the stock levels a baseline run measures against by default
+STOCK_DEFAULT = "on,remote_write"
 EXISTING = "existing"  # the one profile of a user's cluster (--cluster): no emulation
 
 
@@ -187,7 +185,7 @@ def run(ctx: Context, params: dict) -> list[dict]:
                                      {"synchronous_commit": lvl}, env(prof, "off", "stock"),
                                      {"level": lvl, "profile": prof, "build": "stock", "flush_worker": "off",
                                       "unflushed": "flushed"})
-                             for lvl in baseline_levels(params)]
+                             for lvl in baseline_levels(params, STOCK_DEFAULT)]
             variants += [Variant(vname(prof, lvl, fw, uw, "pgwal"), group, wl, int(params["clients"]),
                                  level_settings(lvl, uw), env(prof, fw, "pgwal"),
                                  {"level": lvl, "profile": prof, "flush_worker": fw, "unflushed": uw,
@@ -195,38 +193,8 @@ def run(ctx: Context, params: dict) -> list[dict]:
                          for lvl in levels for fw in fws for uw in uw_modes
                          if (fw == fws[0] and uw == uw_modes[0]) or lvl not in LOCAL_LEVELS]
         ctx.log(f"{NAME}: levels {levels}, profiles {profiles}, server {cluster.server_version()}"
-                + (f"; baseline: {', '.join(baseline_levels(params))} on {baseline}" if baseline else ""))
+                + (f"; baseline: {', '.join(baseline_levels(params, STOCK_DEFAULT))} on {baseline}" if baseline else ""))
         topo = (f"existing cluster: primary + {', '.join(s.name for s in cluster.standbys)}" if existing
                 else "primary + 1 sync standby")
         return ctx.run_variants(cluster, NAME, variants, conf, wl, topo, params)
 
-
-STOCK_LEVELS = ("off", "local", "remote_write", "on", "remote_apply")
-
-
-def baseline_build(params: dict, existing) -> Path | None:
-    """The bin dir of the unpatched build the patched levels are measured
-    against (--set baseline=stock), or None."""
-    which = str(params.get("baseline") or "none")
-    if which in ("none", "off", ""):
-        return None
-    if which != "stock":
-        raise LabError(f"baseline: expected stock or none, got {which!r}")
-    if existing:
-        raise LabError("a baseline needs a lab-made cluster (both builds run its data directories)")
-    default = REPO / ".build" / "install" / "stock-bench" / "bin" if IN_CHECKOUT else None
-    bin_dir = Path(params.get("baseline_bin") or os.environ.get("PGWAL_LAB_STOCK_BIN") or default or "")
-    if not (bin_dir / "postgres").exists():
-        raise LabError(f"baseline: no postgres in {bin_dir} (build it: server/pg build --flavour stock-bench, "
-                       "or give --set baseline_bin=DIR)")
-    if read_build_info(bin_dir):
-        raise LabError(f"baseline: {bin_dir} holds pgwal's patched build (PGWAL-BUILD), not stock")
-    return bin_dir.resolve()
-
-
-def baseline_levels(params: dict) -> list[str]:
-    levels = as_list(params.get("baseline_levels") or "on,remote_write")
-    bad = [lvl for lvl in levels if lvl not in STOCK_LEVELS]
-    if bad:
-        raise LabError(f"baseline_levels: stock PostgreSQL has no level {', '.join(bad)}")
-    return levels
