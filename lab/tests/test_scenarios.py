@@ -184,3 +184,37 @@ def test_stock_baseline_interleaves_builds(pg_bin, tmp_path):
     assert "against each variant of the stock build" in text
     assert "| pgwal:remote_receive | stock:remote_write |" in text
     assert "`stock:on` stock 18" in text and "in 2 of 2 runs" in text
+
+
+def test_stock_baseline_in_hot_counter_and_large_txn(pg_bin, tmp_path):
+    """The baseline in the other scenarios that compare against stock:
+    hot-counter (early release against stock on) and large-txn (unflushed
+    streaming against stock remote_write, the patched standby accepting
+    unflushed WAL only in the patched variants)."""
+    from pgwal_lab import topology
+    from pgwal_lab.util import REPO
+
+    if not topology.knows_setting(pg_bin, "stream_unflushed_wal"):
+        pytest.skip("needs the patched server")
+    stock = Path(os.environ.get("PGWAL_LAB_BASELINE_BIN", REPO / ".build/install/stock/bin"))
+    if not (stock / "postgres").exists():
+        if os.environ.get("PGWAL_TEST_FAST") == "1":
+            pytest.skip(f"no unpatched 18 build in {stock} (make test builds it)")
+        pytest.fail(f"no unpatched 18 build in {stock}: server/pg test builds it (flavour stock)")
+    records, out = run_scenario("hot-counter", pg_bin,
+                                {"baseline": "stock", "baseline_bin": str(stock), "baseline_levels": "on",
+                                 "levels": "on+commit_early_release"},
+                                smoke=True, results=tmp_path / "hc", max_minutes=5, quiet=True)
+    assert [r["variant"] for r in records] == ["stock:on", "pgwal:on+commit_early_release"]
+    assert [r["proof"]["build"]["patched"] for r in records] == [False, True]
+    assert records[1]["variant_config"]["settings"]["commit_early_release"] == "on"
+    records, out = run_scenario("large-txn", pg_bin,
+                                {"baseline": "stock", "baseline_bin": str(stock), "clients": 2, "net": "lan"},
+                                smoke=True, results=tmp_path / "lt", max_minutes=5, quiet=True)
+    assert [r["variant"] for r in records] == ["stock:remote_write", "pgwal:remote_write",
+                                               "pgwal:remote_write+uw"]
+    for r in records:
+        s1 = r["proof"]["nodes"]["s1"]["settings"]
+        assert s1.get("wal_receiver_accept_unflushed") == (None if r["variant"].startswith("stock:") else "on")
+        assert r["metrics"]["tps"] > 0
+    assert "| pgwal:remote_write+uw | stock:remote_write |" in (out / "report.md").read_text()
