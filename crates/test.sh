@@ -9,7 +9,8 @@
 # 15 and openssl with apt if missing.
 #
 #   crates/test.sh          everything below, in order
-#   crates/test.sh build    only what needs no server: rustfmt, clippy, the
+#   crates/test.sh build    only what needs no server: rustfmt, clippy, rustdoc
+#                           with missing_docs denied, the
 #                           test build (cargo test --no-run) and cargo install;
 #                           installs no packages (tools/test-all runs it beside
 #                           the server suites, which may be using apt)
@@ -62,6 +63,9 @@ if want build; then
 		cargo clippy "${packages[@]}" --all-targets -q -- -D warnings
 	fi
 	phase_done "rustfmt and clippy"
+	# The library docs: every public item documented, no broken links.
+	RUSTDOCFLAGS="-D warnings -D missing_docs" cargo doc -q --no-deps -p pgwal-protocol -p pgwal -p pgwal-kafka
+	phase_done "cargo doc (missing_docs denied)"
 	cargo test "${packages[@]}" --no-run 2>&1
 	phase_done "the test build"
 

@@ -144,12 +144,40 @@ def check_send_mode(cluster, want: str, timeout: float = 10) -> None:
     (pg_stat_replication.send_mode, patch 0010); a walsender picks up a
     reload when it next wakes, so WAL is written meanwhile."""
     deadline = time.monotonic() + timeout
+    if not cluster.primary.scalar("SELECT count(*) FROM pg_attribute WHERE attrelid = "
+                                  "'pg_stat_replication'::regclass AND attname = 'send_mode'"):
+        return check_send_mode_by_marker(cluster, want, deadline)
     while True:
         modes = [r[0] for r in cluster.primary.sql("SELECT send_mode FROM pg_stat_replication")]
         if modes and all(m == want for m in modes):
             return
         if time.monotonic() > deadline:
             raise LabError(f"walsenders send {modes or 'nothing'}, not {want} WAL")
+        cluster.primary.sql("SELECT pg_logical_emit_message(false, 'pgwal-lab', 'wake')")
+        time.sleep(0.1)
+
+
+UNFLUSHED_MARKER = "global/pg_unflushed_sent"
+
+
+def check_send_mode_by_marker(cluster, want: str, deadline: float) -> None:
+    """The same proof on a data directory made by stock initdb, whose
+    pg_stat_replication has no send_mode (a baseline run): a primary
+    writes the crash marker durably before its first unflushed byte leaves
+    and removes it at a clean shutdown, so after a restart the marker
+    exists exactly when a walsender has sent unflushed WAL."""
+    datadir = getattr(cluster.primary, "datadir", None)
+    if datadir is None:
+        raise LabError("cannot prove the send mode: no send_mode column and no data directory to look at")
+    marker = Path(datadir) / UNFLUSHED_MARKER
+    if want == "flushed":
+        if marker.exists():
+            raise LabError(f"cannot prove flushed sending: {marker} is left from unflushed sending "
+                           "(restart the nodes before the run: --set restart=true)")
+        return
+    while not marker.exists():
+        if time.monotonic() > deadline:
+            raise LabError(f"walsenders send flushed WAL, not written: no {marker}")
         cluster.primary.sql("SELECT pg_logical_emit_message(false, 'pgwal-lab', 'wake')")
         time.sleep(0.1)
 
