@@ -652,7 +652,10 @@ def run_groups(cluster, variants: list[Variant], conf: MethodConf, store, scenar
                     raise LabError(f"scenario time limit reached in {gname} iteration {it}")
                 if apply_env(cluster, v.env):  # only when this variant's environment differs
                     proved = prove()
-                if conf.restart:  # before the settings: a new stream negotiates with them
+                # before the settings and after the standby's: a new stream
+                # negotiates with them (also after a build switch, which set
+                # the standby's settings only once its nodes were up)
+                if conf.restart:
                     cluster.restart_all()
                     proved = prove()
                 apply_settings(cluster, v.settings)

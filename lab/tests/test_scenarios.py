@@ -142,6 +142,19 @@ def test_unflushed_variants_and_commit_model_smoke(pg_bin, tmp_path):
     assert "upstream_flush" in text
 
 
+def unpatched_18() -> Path:
+    """The same 18 source without the series (the stock flavour, which
+    make test builds for the drop-in test), for the baseline tests."""
+    from pgwal_lab.util import REPO
+
+    stock = Path(os.environ.get("PGWAL_LAB_BASELINE_BIN", REPO / ".build/install/stock/bin"))
+    if not (stock / "postgres").exists():
+        if os.environ.get("PGWAL_TEST_FAST") == "1":  # make test-fast builds no unpatched server
+            pytest.skip(f"no unpatched 18 build in {stock} (make test builds it)")
+        pytest.fail(f"no unpatched 18 build in {stock}: server/pg test builds it (flavour stock)")
+    return stock
+
+
 def test_stock_baseline_interleaves_builds(pg_bin, tmp_path):
     """baseline=stock runs stock levels on the unpatched build of the same
     source and the patched levels on pgwal's, in one interleaved group on
@@ -149,15 +162,10 @@ def test_stock_baseline_interleaves_builds(pg_bin, tmp_path):
     proof names the postgres it executed, and the report compares every
     patched variant with each stock one."""
     from pgwal_lab import topology
-    from pgwal_lab.util import REPO
 
     if not topology.knows_setting(pg_bin, "wal_receiver_flush_worker"):
         pytest.skip("needs the patched server")
-    stock = Path(os.environ.get("PGWAL_LAB_BASELINE_BIN", REPO / ".build/install/stock/bin"))
-    if not (stock / "postgres").exists():
-        if os.environ.get("PGWAL_TEST_FAST") == "1":  # make test-fast builds no unpatched server
-            pytest.skip(f"no unpatched 18 build in {stock} (make test builds it)")
-        pytest.fail(f"no unpatched 18 build in {stock}: server/pg test builds it (flavour stock)")
+    stock = unpatched_18()
     records, out = run_scenario("sync-modes", pg_bin,
                                 {"baseline": "stock", "baseline_bin": str(stock), "levels": ["remote_receive"],
                                  "flush_worker": "off,on", "iterations": 2},
@@ -192,15 +200,10 @@ def test_stock_baseline_in_hot_counter_and_large_txn(pg_bin, tmp_path):
     streaming against stock remote_write, the patched standby accepting
     unflushed WAL only in the patched variants)."""
     from pgwal_lab import topology
-    from pgwal_lab.util import REPO
 
     if not topology.knows_setting(pg_bin, "stream_unflushed_wal"):
         pytest.skip("needs the patched server")
-    stock = Path(os.environ.get("PGWAL_LAB_BASELINE_BIN", REPO / ".build/install/stock/bin"))
-    if not (stock / "postgres").exists():
-        if os.environ.get("PGWAL_TEST_FAST") == "1":
-            pytest.skip(f"no unpatched 18 build in {stock} (make test builds it)")
-        pytest.fail(f"no unpatched 18 build in {stock}: server/pg test builds it (flavour stock)")
+    stock = unpatched_18()
     records, out = run_scenario("hot-counter", pg_bin,
                                 {"baseline": "stock", "baseline_bin": str(stock), "baseline_levels": "on",
                                  "levels": "on+commit_early_release"},

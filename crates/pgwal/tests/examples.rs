@@ -48,14 +48,6 @@ fn inserted_ids(path: &Path) -> Vec<i64> {
         .collect()
 }
 
-fn confirmed_flush(c: &Cluster, slot: &str) -> Lsn {
-    c.query(&format!(
-        "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{slot}'"
-    ))
-    .parse()
-    .unwrap()
-}
-
 #[test]
 fn consume_and_resume_examples() {
     for (label, bin) in support::servers() {
@@ -79,7 +71,7 @@ fn consume_and_resume_examples() {
         .unwrap();
         assert_eq!(inserted_ids(&out), [1, 2], "{label}");
         assert!(
-            confirmed_flush(&c, "s_acks") >= stop1.parse().unwrap(),
+            c.confirmed_flush("s_acks") >= stop1.parse().unwrap(),
             "{label}"
         );
 
@@ -123,7 +115,7 @@ fn consume_and_resume_examples() {
         std::fs::copy(&out, &out_b).unwrap();
         c.psql("INSERT INTO t VALUES (4, 'd');");
         let stop3 = c.query("SELECT pg_current_wal_insert_lsn()");
-        assert!(confirmed_flush(&c, "s_behind") < stop1.parse().unwrap());
+        assert!(c.confirmed_flush("s_behind") < stop1.parse().unwrap());
         resume("s_behind", &state_b, &out_b, &stop3);
         assert_eq!(inserted_ids(&out_b), [1, 2, 3, 4], "{label}");
         let _ = std::fs::remove_dir_all(&d);

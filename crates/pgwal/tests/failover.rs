@@ -114,14 +114,6 @@ async fn make_slot(c: &Cluster, failover: bool) {
         .unwrap();
 }
 
-fn confirmed_flush(c: &Cluster, slot: &str) -> Lsn {
-    c.query(&format!(
-        "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{slot}'"
-    ))
-    .parse()
-    .unwrap()
-}
-
 /// `pgbench` inserting small transactions into `t` for `secs` seconds
 /// (it stops early, with an error, when the server goes away).
 fn insert_load(c: &Cluster, dir: &std::path::Path, secs: u32) -> Child {
@@ -258,7 +250,7 @@ fn stream_follows_a_promotion_under_load() {
         wait_caught_up(&primary, &seen);
         let acked = seen.lock().unwrap().acked;
         let deadline = Instant::now() + Duration::from_secs(30);
-        while confirmed_flush(&primary, "s") < acked {
+        while primary.confirmed_flush("s") < acked {
             assert!(Instant::now() < deadline, "{label}: ack not confirmed");
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -340,13 +332,13 @@ fn promoted_slot_ahead_of_the_state_file_is_refused() {
             };
             s.ack(lsn);
             let deadline = Instant::now() + Duration::from_secs(30);
-            while confirmed_flush(&primary, "s") < lsn {
+            while primary.confirmed_flush("s") < lsn {
                 assert!(Instant::now() < deadline, "{label}: ack not confirmed");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             s.shutdown().await.unwrap();
             // what it confirmed, idle keepalives included
-            confirmed_flush(&primary, "s")
+            primary.confirmed_flush("s")
         });
         // Another consumer moves the slot past changes this one never saw
         // (flushed: the slot cannot be advanced beyond the WAL flushed).
@@ -391,7 +383,7 @@ fn promoted_slot_ahead_of_the_state_file_is_refused() {
         }
         assert!(err.to_string().contains("bytes beyond"), "{label}: {err}");
         // the promoted server's slot was left where it was
-        assert_eq!(confirmed_flush(&standby, "s"), err_confirmed(&err));
+        assert_eq!(standby.confirmed_flush("s"), err_confirmed(&err));
     }
 }
 

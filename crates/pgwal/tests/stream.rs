@@ -80,14 +80,6 @@ async fn expect_txn(s: &mut LogicalStream, want: Vec<i32>, ctx: &str) {
     s.ack(commit.ack_lsn().unwrap());
 }
 
-fn confirmed_flush(c: &Cluster, slot: &str) -> Lsn {
-    c.query(&format!(
-        "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{slot}'"
-    ))
-    .parse()
-    .unwrap()
-}
-
 #[test]
 fn events_are_typed_and_resolved() {
     for (label, bin) in support::servers() {
@@ -195,7 +187,7 @@ fn reconnect_redelivers_only_unacked() {
             let safe = |l: Lsn| l >= acked_upto && l < first_unacked_end;
             // Let feedback reach the server, then kill the walsender.
             tokio::time::sleep(Duration::from_millis(300)).await;
-            let confirmed = confirmed_flush(&c, "s");
+            let confirmed = c.confirmed_flush("s");
             assert!(
                 safe(confirmed),
                 "{label}: confirmed {confirmed} outside [{acked_upto}, {first_unacked_end})"
@@ -229,7 +221,7 @@ fn reconnect_redelivers_only_unacked() {
                 "{label}: only unacked changes are redelivered, none lost"
             );
             s.shutdown().await.unwrap();
-            assert!(confirmed_flush(&c, "s") >= acked_upto);
+            assert!(c.confirmed_flush("s") >= acked_upto);
         });
     }
 }
@@ -248,7 +240,7 @@ fn idle_publication_advances_slot() {
                     .unwrap();
             let (_, commit, _) = next_txn(&mut s).await;
             s.ack(commit.ack_lsn().unwrap());
-            let start = confirmed_flush(&c, "s");
+            let start = c.confirmed_flush("s");
             // Only unpublished tables are written from now on.
             let deadline = Instant::now() + Duration::from_secs(30);
             let mut target = Lsn::INVALID;
@@ -270,7 +262,7 @@ fn idle_publication_advances_slot() {
                         s.ack(l);
                     }
                 }
-                let now = confirmed_flush(&c, "s");
+                let now = c.confirmed_flush("s");
                 if now >= target {
                     eprintln!("{label}: confirmed_flush_lsn advanced {start} -> {now} with no published change");
                     break;
@@ -655,7 +647,7 @@ fn reconnect_inside_streamed_transaction() {
         c.psql(SETUP);
         block_on(async {
             make_slot(&c, "s").await;
-            let before = confirmed_flush(&c, "s");
+            let before = c.confirmed_flush("s");
             c.psql("INSERT INTO t SELECT g, repeat('z', 100) FROM generate_series(1, 5000) g;");
             let cfg = fast(StreamConfig::new("s", ["p"]).streaming(Streaming::On));
             let mut s = LogicalStream::start(config(&c, "postgres"), cfg)
@@ -668,7 +660,7 @@ fn reconnect_inside_streamed_transaction() {
                 }
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
-            let confirmed_at_kill = confirmed_flush(&c, "s");
+            let confirmed_at_kill = c.confirmed_flush("s");
             assert!(confirmed_at_kill >= before);
             let pid = c.query("SELECT active_pid FROM pg_replication_slots WHERE slot_name = 's'");
             c.query(&format!("SELECT pg_terminate_backend({pid})"));

@@ -382,6 +382,15 @@ impl Cluster {
         )
     }
 
+    /// The `confirmed_flush_lsn` of logical slot `slot`.
+    pub fn confirmed_flush(&self, slot: &str) -> pgwal::Lsn {
+        self.query(&format!(
+            "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{slot}'"
+        ))
+        .parse()
+        .unwrap()
+    }
+
     pub fn server_log(&self) -> String {
         std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
     }
