@@ -528,6 +528,8 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
     px0 = _proxy_counters(cluster)
     pxcpu0 = _proxy_cpu(cluster)
     wal0 = wal_counters(p)
+    # which standby process fsyncs its WAL (walreceiver, or its flush worker)
+    swal0 = wal_counters(cluster.standbys[0]) if cluster.standbys else {}
     sampler = ReplSampler(cluster) if cluster.standbys else None
     if sampler:
         sampler.start()
@@ -558,6 +560,9 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
     # moment to report its own (it does so on its next cycle)
     time.sleep(0.5)
     wal1 = wal_counters(p)
+    # (the flush worker reports its counters at most once a second; read at
+    # the same lag at both ends, the delta covers a window as long as the run)
+    swal1 = wal_counters(cluster.standbys[0]) if cluster.standbys else {}
     px1 = _proxy_counters(cluster)
     up = [px1[k]["up_chunks"] - px0[k]["up_chunks"] for k in px1 if k in px0]
     down = [px1[k]["down_chunks"] - px0[k]["down_chunks"] for k in px1 if k in px0]
@@ -600,6 +605,9 @@ def measure(cluster, variant: Variant, conf: MethodConf) -> dict:
     # a VM's lost time: a host that runs other guests on our cores shows here
     res["host_cpu_steal_pct"] = cpu_share_pct(hc0, hc1, "steal")
     res.update(wal_counter_deltas(wal0, wal1, res.get("transactions")))
+    sdelta = wal_counter_deltas(swal0, swal1, res.get("transactions"))
+    if "wal_io_by_backend" in sdelta:
+        res["standby_wal_io_by_backend"] = sdelta["wal_io_by_backend"]
     res.update({
         "elapsed_s": elapsed,
         "wal_bytes": wal,

@@ -197,7 +197,8 @@ def prove_build(cluster) -> dict:
             "build": info or None}
 
 
-STANDBY_SETTINGS = ("wal_receiver_reply_events", "wal_receiver_flush_worker", "wal_receiver_accept_unflushed")
+STANDBY_SETTINGS = ("wal_receiver_reply_events", "wal_receiver_flush_worker", "wal_receiver_accept_unflushed",
+                    "wal_receiver_early_receipt_min_write", "wal_receiver_flush_worker_min_fsync")
 
 
 def standby_settings(node) -> dict:

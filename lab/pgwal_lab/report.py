@@ -461,13 +461,14 @@ def top_waits(recs, role: str = "writer", n: int = 4) -> str:
     return ", ".join(f"{k} {v * 100:.0f}%" for k, v in top) or "–"
 
 
-def fsyncs_by_backend(recs) -> str:
-    """Median WAL fsyncs per writer transaction by backend type (pg_stat_io)."""
-    types = sorted({bt for r in recs for bt in (r["metrics"].get("wal_io_by_backend") or {})})
+def fsyncs_by_backend(recs, key: str = "wal_io_by_backend") -> str:
+    """Median WAL fsyncs per writer transaction by backend type (pg_stat_io);
+    key 'standby_wal_io_by_backend' for the first standby's."""
+    types = sorted({bt for r in recs for bt in (r["metrics"].get(key) or {})})
     parts = []
     for bt in types:
-        v = [r["metrics"]["wal_io_by_backend"].get(bt, {}).get("fsyncs", 0.0) / r["metrics"]["transactions"]
-             for r in recs if r["metrics"].get("wal_io_by_backend") is not None and r["metrics"].get("transactions")]
+        v = [r["metrics"][key].get(bt, {}).get("fsyncs", 0.0) / r["metrics"]["transactions"]
+             for r in recs if r["metrics"].get(key) is not None and r["metrics"].get("transactions")]
         if v and float(np.median(v)) > 0:
             parts.append(f"{bt} {float(np.median(v)):.4f}")
     return ", ".join(parts) or "–"
@@ -482,12 +483,14 @@ def wal_wait_section(variants: dict) -> list[str]:
              "of pg_stat_activity samples of the writer clients, `idle` = waiting for pgbench's next "
              "statement; CPU: whole machine busy and stolen by the hypervisor, % of all CPU time, and the "
              "pgbench processes, % of one core):", "",
-             "| variant | WAL fsyncs/txn | txn per fsync | fsyncs/txn by backend | WAL writes/txn | WAL records/txn "
+             "| variant | WAL fsyncs/txn | txn per fsync | fsyncs/txn by backend | standby fsyncs/txn by process "
+             "| WAL writes/txn | WAL records/txn "
              "| FPI/txn | wal_buffers_full | machine CPU busy / steal % | pgbench CPU % | writer waits |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for v, recs in variants.items():
         lines.append(f"| {v} | {_fmt(_med(recs, 'wal_fsyncs_per_txn'), 4)} | {_fmt(_med(recs, 'txn_per_wal_fsync'), 1)} "
-                     f"| {fsyncs_by_backend(recs)} | {_fmt(_med(recs, 'wal_writes_per_txn'), 4)} "
+                     f"| {fsyncs_by_backend(recs)} | {fsyncs_by_backend(recs, 'standby_wal_io_by_backend')} "
+                     f"| {_fmt(_med(recs, 'wal_writes_per_txn'), 4)} "
                      f"| {_fmt(_med(recs, 'wal_records_per_txn'), 2)} | {_fmt(_med(recs, 'wal_fpi_per_txn'), 4)} "
                      f"| {_fmt(_med(recs, 'stat_wal_buffers_full'), 0)} | {_fmt(_med(recs, 'host_cpu_busy_pct'), 0)} / {_fmt(_med(recs, 'host_cpu_steal_pct'), 1)} "
                      f"| {_fmt(_med(recs, 'pgbench_cpu_pct'), 0)} | {top_waits(recs)} |")

@@ -106,3 +106,20 @@ def test_flags_from_set_values():
     assert [as_bool(v, "x") for v in (True, "true", "on", 1, "False", "off", 0, False)] == [True] * 4 + [False] * 4
     with pytest.raises(LabError, match="vacuum"):
         as_bool("sometimes", "vacuum")
+
+
+def test_fsyncs_by_backend_of_the_standby():
+    from pgwal_lab.report import fsyncs_by_backend
+    recs = [{"metrics": {"transactions": 100,
+                         "wal_io_by_backend": {"client backend": {"fsyncs": 90.0}},
+                         "standby_wal_io_by_backend": {"walreceiver": {"fsyncs": 80.0},
+                                                       "background worker": {"fsyncs": 0.0}}}},
+            {"metrics": {"transactions": 200,
+                         "wal_io_by_backend": {"client backend": {"fsyncs": 180.0}},
+                         "standby_wal_io_by_backend": {"walreceiver": {"fsyncs": 20.0},
+                                                       "background worker": {"fsyncs": 100.0}}}}]
+    assert fsyncs_by_backend(recs) == "client backend 0.9000"
+    # the walreceiver's fsyncs (inline) and the flush worker's, per primary transaction
+    assert fsyncs_by_backend(recs, "standby_wal_io_by_backend") == \
+        "background worker 0.2500, walreceiver 0.4500"
+    assert fsyncs_by_backend([{"metrics": {"transactions": 1}}], "standby_wal_io_by_backend") == "–"

@@ -4,6 +4,8 @@ across three environments:
   lan-fast          LAN link (0.05 ms one way), nvme disks everywhere
   lan-slow-standby  LAN link, standby disk 'slow-write' (+2 ms fsync, +0.3 ms pwrite)
   wan20             ~20 ms RTT link (10 ms each way), nvme disks
+and, only when named in --set profiles:
+  direct            nothing emulated: loopback, no disk latency added
 Every server setting the lab does not need keeps the server's default; a
 patched standby's wal_receiver_reply_events is 'write, flush' unless
 --set reply_events=... says otherwise.  On the patched server each level
@@ -43,8 +45,10 @@ PROFILES = {
     "lan-fast": {"net": "lan", "primary_disk": "nvme", "standby_disk": "nvme"},
     "lan-slow-standby": {"net": "lan", "primary_disk": "nvme", "standby_disk": "slow-write"},
     "wan20": {"net": "wan20", "primary_disk": "nvme", "standby_disk": "nvme"},
+    # nothing emulated: loopback, no added disk latency (not in the default set)
+    "direct": {"net": "none", "primary_disk": "tmpfs", "standby_disk": "tmpfs"},
 }
-DEFAULTS = {"levels": "auto", "profiles": list(PROFILES), "workload": "tpcb", "scale": 10, "clients": 4,
+DEFAULTS = {"levels": "auto", "profiles": ["lan-fast", "lan-slow-standby", "wan20"], "workload": "tpcb", "scale": 10, "clients": 4,
             "flush_worker": "auto", "unflushed": "off", "baseline": "none", "baseline_levels": "",
             "iterations": 10, "duration": 30, "warmup": 5, "settle": 10}
 SMOKE = {"profiles": ["lan-fast"], "scale": 1, "clients": 2, "iterations": 1, "duration": 1, "warmup": 0,
