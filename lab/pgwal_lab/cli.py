@@ -256,6 +256,9 @@ def cmd_report(args) -> int:
     for f in args.runs:
         recs += Store(Path(f)).load()
     out = Path(args.out) if args.out else Path(args.runs[0]).parent
+    if out.suffix in (".md", ".png") or (out.exists() and not out.is_dir()):
+        # the report is several files (report.md and its plots)
+        raise LabError(f"--out {out}: give a directory; report.md and the plots are written into it")
     path = report.render(recs, out, title=args.title)
     print(path.read_text())
     return 0
@@ -395,7 +398,7 @@ def main(argv=None) -> int:
     d.set_defaults(fn=cmd_demo)
     rp = sub.add_parser("report", help="render a report from stored runs")
     rp.add_argument("runs", nargs="+")
-    rp.add_argument("--out")
+    rp.add_argument("--out", help="directory for report.md and the plots (default: the first file's folder)")
     rp.add_argument("--title")
     rp.set_defaults(fn=cmd_report)
     f = sub.add_parser("fsync-test", help="pg_test_fsync through the latency shim")

@@ -157,3 +157,16 @@ def test_store_reads_compressed_results(tmp_path):
     packed.write_bytes(gzip.compress(plain.read_bytes()))
     assert Store(packed).load() == Store(plain).load()
     assert [r["cycle"] for r in Store(packed).load()] == [1, 2]
+
+
+def test_report_out_must_be_a_directory(tmp_path, capsys):
+    """`pgwal-lab report --out report.md` used to create a directory of that name."""
+    from pgwal_lab import cli
+
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text("")
+    assert cli.main(["report", str(runs), "--out", str(tmp_path / "report.md")]) != 0
+    assert not (tmp_path / "report.md").exists()
+    assert "give a directory" in capsys.readouterr().err
+    assert cli.main(["report", str(runs), "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "report.md").is_file()

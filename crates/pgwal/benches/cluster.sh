@@ -30,6 +30,16 @@ bench_cluster_start() {
 	conn="host=127.0.0.1 port=$port user=postgres dbname=postgres sslmode=disable"
 }
 
+# bench_cluster_restart BIN_DIR: a clean stop, then the same data directory
+# started by BIN_DIR's server (e2e.sh's comparison with the unpatched build).
+bench_cluster_restart() {
+	local as_user
+	as_user="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)/tools/as-user"
+	"$as_user" "$bench_bin/pg_ctl" -w -m fast -D "$dir/data" stop >/dev/null
+	bench_bin=$1
+	"$as_user" "$bench_bin/pg_ctl" -w -D "$dir/data" -l "$dir/log" start >/dev/null
+}
+
 bench_cluster_stop() {
 	[ -n "${dir:-}" ] || return 0
 	"$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)/tools/as-user" \

@@ -42,6 +42,14 @@
 # checked in a new session before each run, so the variants share one
 # server and interleave. LAT_BATCH (space-separated sizes, default: the
 # server's default only) repeats the latency run per size.
+#
+# A consumer named NAME@stock runs NAME against the unpatched build of the
+# same source (STOCK_BIN, default .build/install/stock-bench/bin: built by
+# `server/pg build --flavour stock-bench`), at its defaults. Then the stock
+# initdb makes the data directory, and the server is restarted before every
+# run with the build that run names, so neither build reads the WAL warmed
+# by the other's walsender; each run first checks which build answers (only
+# the patched one has wal_sender_batch_size) and stops otherwise.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../../.." && pwd)
 txns=${1:-50}
@@ -67,13 +75,42 @@ case " ${consumers[*]} " in
 	cargo build -q --release --no-default-features --features rustls --target-dir target/rustls) ;;
 esac
 
+stock_bin=""
+case " ${consumers[*]} " in
+*"@stock "*)
+	stock_bin=${STOCK_BIN:-$repo/.build/install/stock-bench/bin}
+	[ -x "$stock_bin/postgres" ] || { echo "no unpatched build in $stock_bin (server/pg build --flavour stock-bench)" >&2; exit 1; }
+	;;
+esac
+
 # shellcheck source=cluster.sh
 . "$repo/crates/pgwal/benches/cluster.sh"
 trap bench_cluster_stop EXIT
-bench_cluster_start "${BENCH_TMP:-/tmp}" "$bin" \
+# with a stock consumer the stock initdb makes the cluster: the patched
+# initdb's catalog views are not the stock server's
+bench_cluster_start "${BENCH_TMP:-/tmp}" "${stock_bin:-$bin}" \
 	"wal_level = logical" "max_replication_slots = 100" "max_wal_senders = 10" "fsync = off" \
 	"synchronous_commit = off" "shared_buffers = 256MB" "max_wal_size = 4GB"
 
+# use_build stock|pgwal: restart the server with that build (only when a
+# stock consumer is in the run) and check that build is the one answering
+use_build() {
+	[ -n "$stock_bin" ] || return 0
+	local want=$1 has
+	if [ "$want" = stock ]; then
+		# the stock server refuses a setting it does not know
+		[ "$bench_bin" = "$stock_bin" ] || psql -c "ALTER SYSTEM RESET wal_sender_batch_size" >/dev/null
+		bench_cluster_restart "$stock_bin"
+	else
+		bench_cluster_restart "$bin"
+	fi
+	has=$(psql -c "SELECT count(*) FROM pg_settings WHERE name = 'wal_sender_batch_size'")
+	if { [ "$want" = stock ] && [ "$has" != 0 ]; } || { [ "$want" = pgwal ] && [ "$has" != 1 ]; }; then
+		echo "expected the $want build to answer, but wal_sender_batch_size is $([ "$has" = 0 ] && echo absent || echo present)" >&2
+		exit 1
+	fi
+}
+use_build pgwal
 psql -c "CREATE TABLE bench (id bigint, pad text)" -c "CREATE PUBLICATION p FOR TABLE bench"
 [ -z "${STORAGE:-}" ] || psql -c "ALTER TABLE bench ALTER pad SET STORAGE ${STORAGE}"
 # LDWM: logical_decoding_work_mem, e.g. 64kB so that proto 4 streams the
@@ -126,7 +163,13 @@ for c in "${consumers[@]}"; do
 	slot=$(slot_of "$c" "$r")
 	batch=""
 	[ "$c" = "${c%@*}" ] || batch=${c##*@}
-	set_batch "$batch"
+	if [ "$batch" = stock ]; then
+		use_build stock
+		echo "$c round $r: $("$bench_bin/postgres" --version), stock defaults" >&2
+	else
+		use_build pgwal
+		set_batch "$batch"
+	fi
 	case ${c%@*} in
 	pgwal_v1) cmd=("$drain" "$conn" "$slot" p "$stop" 1) ;;
 	pgwal_v1_eager) cmd=(env COALESCE_US=0 "$drain" "$conn" "$slot" p "$stop" 1) ;;
@@ -230,9 +273,19 @@ for other in names[1:]:
         c = compare(b, a, name_a=other, name_b=base)
         if c["ratio"] is not None:
             print(f"  {base} / {other}, {m}: {c['ratio']:.3f} (95% CI {c['ci_low']:.3f}-{c['ci_high']:.3f}, p {c['p']:.3g}) {c['verdict']}")
+# each consumer against its own run on the unpatched build (NAME@stock)
+for stock in [n for n in names if n.endswith("@stock")]:
+    for other in [n for n in names if n.split("@")[0] == stock.split("@")[0] and n != stock]:
+        for m, f in metrics.items():
+            a = [f(r) for r in rows if r[0] == stock]
+            b = [f(r) for r in rows if r[0] == other]
+            c = compare(a, b, name_a=stock, name_b=other)
+            if c["ratio"] is not None:
+                print(f"  {other} / {stock}, {m}: {c['ratio']:.3f} (95% CI {c['ci_low']:.3f}-{c['ci_high']:.3f}, p {c['p']:.3g})")
 PY
 cp "$dir/results" "${RESULTS_OUT:-/dev/null}"
 [ "${LAT_COUNT:-2000}" = 0 ] && exit 0
+use_build pgwal
 
 # Commit-to-receive latency with a live single-row workload (200 tx/s).
 psql -c "CREATE TABLE lat (id int, v text)" -c "CREATE PUBLICATION pl FOR TABLE lat" >/dev/null
