@@ -265,23 +265,18 @@ metrics = {
     "client CPU/insert": lambda r: (float(r[3]) + float(r[4])) / total,
     "walsender CPU/insert": lambda r: int(r[6]) / total,
 }
-base = names[0]
-for other in names[1:]:
+def show(num, den):
+    """num's median over den's for each metric, with CI, p and verdict."""
     for m, f in metrics.items():
-        a = [f(r) for r in rows if r[0] == base]
-        b = [f(r) for r in rows if r[0] == other]
-        c = compare(b, a, name_a=other, name_b=base)
+        c = compare([f(r) for r in rows if r[0] == den], [f(r) for r in rows if r[0] == num], name_a=den, name_b=num)
         if c["ratio"] is not None:
-            print(f"  {base} / {other}, {m}: {c['ratio']:.3f} (95% CI {c['ci_low']:.3f}-{c['ci_high']:.3f}, p {c['p']:.3g}) {c['verdict']}")
+            print(f"  {num} / {den}, {m}: {c['ratio']:.3f} (95% CI {c['ci_low']:.3f}-{c['ci_high']:.3f}, p {c['p']:.3g}) {c['verdict']}")
+for other in names[1:]:
+    show(names[0], other)
 # each consumer against its own run on the unpatched build (NAME@stock)
 for stock in [n for n in names if n.endswith("@stock")]:
     for other in [n for n in names if n.split("@")[0] == stock.split("@")[0] and n != stock]:
-        for m, f in metrics.items():
-            a = [f(r) for r in rows if r[0] == stock]
-            b = [f(r) for r in rows if r[0] == other]
-            c = compare(a, b, name_a=stock, name_b=other)
-            if c["ratio"] is not None:
-                print(f"  {other} / {stock}, {m}: {c['ratio']:.3f} (95% CI {c['ci_low']:.3f}-{c['ci_high']:.3f}, p {c['p']:.3g})")
+        show(other, stock)
 PY
 cp "$dir/results" "${RESULTS_OUT:-/dev/null}"
 [ "${LAT_COUNT:-2000}" = 0 ] && exit 0
