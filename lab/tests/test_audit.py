@@ -340,8 +340,14 @@ def test_short_audit_patched(pg_bin, tmp_path):
 
 
 def test_short_audit_stock(stock_bin, tmp_path):
-    records = _short_audit(stock_bin, tmp_path, cycles=1)
-    _assert_clean_audit(records, ["off", "local", "remote_write", "on", "remote_apply"])
+    # what this run is for: the audit works on stock 18 (no patched-only
+    # setting reaches it) and its control and strongest promise hold there,
+    # under every fault; stock's levels between them keep the promise
+    # tables the patched run checks (local, remote_write, remote_apply run
+    # there on every fault), so they are left to the long audits to save
+    # CI two minutes
+    records = _short_audit(stock_bin, tmp_path, cycles=1, levels="off,on")
+    _assert_clean_audit(records, ["off", "on"])
 
 
 def test_audit_sees_a_broken_promise(pg_bin, tmp_path):

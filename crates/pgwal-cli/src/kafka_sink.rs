@@ -87,6 +87,12 @@ pub(crate) struct KafkaArgs {
     /// starts over from Kafka's committed position with backoff.
     #[arg(long = "kafka-retry-secs", default_value_t = 300)]
     retry_secs: u64,
+    /// Limit of each Kafka call that waits on the brokers (connecting and
+    /// initialising transactions, reading the progress topic, committing).
+    /// A broker that refuses pgwal (TLS or SASL authentication failed)
+    /// ends the wait at once.
+    #[arg(long = "kafka-timeout-secs", default_value_t = 30.0, value_parser = parse_timeout)]
+    timeout_secs: f64,
     /// While the publications see no changes but the server's WAL moves on,
     /// commit a progress record for its position at most this often, so
     /// the slot lets that WAL go (0: never; the slot then moves only with
@@ -108,6 +114,13 @@ fn parse_secs(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && (0.0..=86_400.0).contains(&v) => Ok(v),
         _ => Err(format!("expected seconds from 0 to 86400, got {s:?}")),
+    }
+}
+
+fn parse_timeout(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.1..=3_600.0).contains(&v) => Ok(v),
+        _ => Err(format!("expected seconds from 0.1 to 3600, got {s:?}")),
     }
 }
 
@@ -160,6 +173,7 @@ pub(crate) async fn run(
         sink.spill_dir = d;
     }
     sink.retry_for = Duration::from_secs(a.retry_secs);
+    sink.timeout = Duration::from_secs_f64(a.timeout_secs);
     sink.client_options = a.options;
     sink.heartbeat = (a.heartbeat_secs > 0.0).then(|| Duration::from_secs_f64(a.heartbeat_secs));
     if let Some(k) = a.key_columns {

@@ -106,7 +106,7 @@ struct Sink {
     log: PathBuf,
 }
 
-fn start_sink(c: &Cluster, addr: &str, logs: &Path, n: usize, extra: &[&str]) -> Sink {
+fn start_sink(c: &Cluster, kafka: &[String], logs: &Path, n: usize, extra: &[&str]) -> Sink {
     let log = logs.join(format!("pgwal-{n}.log"));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_pgwal"));
     cmd.arg("-d")
@@ -121,8 +121,6 @@ fn start_sink(c: &Cluster, addr: &str, logs: &Path, n: usize, extra: &[&str]) ->
             "on",
             "--sink",
             "kafka",
-            "--kafka-brokers",
-            addr,
             "--kafka-topic-prefix",
             PREFIX,
             // no memory for streamed transactions: every one goes
@@ -132,8 +130,9 @@ fn start_sink(c: &Cluster, addr: &str, logs: &Path, n: usize, extra: &[&str]) ->
             "--kafka-spill-dir",
         ])
         .arg(logs)
+        .args(kafka)
         .args(extra)
-        .env("PGWAL_LOG", "pgwal_kafka=info")
+        .env("PGWAL_LOG", "pgwal_kafka=info,librdkafka=warn")
         .stdout(Stdio::null())
         .stderr(File::create(&log).unwrap());
     Sink {
@@ -437,9 +436,23 @@ fn count_in(log: &str, what: &str) -> u64 {
         .sum()
 }
 
-fn exactly_once(label: &'static str, bin: &Path, rounds: usize) {
+/// The exactly-once test; `secure`: pgwal reaches the broker over TLS with
+/// SCRAM-SHA-512 and zstd compression (the test's readers stay on the
+/// plaintext listener).
+fn exactly_once(label: &'static str, bin: &Path, rounds: usize, secure: bool) {
     let _one = one_broker();
-    let b = Broker::start(label);
+    let (b, kafka) = if secure {
+        let b = Broker::start_secure(label);
+        let s = b.secure.clone().unwrap();
+        let mut options = s.sasl_options("SCRAM-SHA-512");
+        options.push(("compression.type".into(), "zstd".into()));
+        let kafka = broker::sink_args(&s.sasl_ssl, &options);
+        (b, kafka)
+    } else {
+        let b = Broker::start(label);
+        let kafka = broker::sink_args(&b.addr, &[]);
+        (b, kafka)
+    };
     let c = Cluster::start(
         label,
         bin,
@@ -510,18 +523,30 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize) {
     // Kafka's progress without skipping any
     let quiet = ["--status-interval", "600", "--kafka-heartbeat-secs", "0.5"];
     let mut n = 0;
-    let mut sink = start_sink(&c, &b.addr, &logs, n, &quiet);
+    let mut sink = start_sink(&c, &kafka, &logs, n, &quiet);
     wait_progress(&b.addr, &sink, &load_over);
     for round in 0..rounds {
         b.crash_and_restart();
         wait_progress(&b.addr, &sink, &load_over);
-        let killed = c.query(
-            "SELECT count(pg_terminate_backend(active_pid)) FROM pg_replication_slots \
-             WHERE slot_name = 'kslot' AND active_pid IS NOT NULL",
-        );
+        // the sink may be between two sessions (a Kafka error after the
+        // broker's restart starts it over, stream included): wait for its
+        // walsender
+        let t0 = Instant::now();
+        let killed = loop {
+            let killed = c.query(
+                "SELECT count(pg_terminate_backend(active_pid)) FROM pg_replication_slots \
+                 WHERE slot_name = 'kslot' AND active_pid IS NOT NULL",
+            );
+            if killed != "0" || t0.elapsed() > Duration::from_secs(30) {
+                break killed;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
         assert_eq!(
-            killed, "1",
-            "{label} round {round}: no walsender to terminate"
+            killed,
+            "1",
+            "{label} round {round}: no walsender to terminate for 30 s; pgwal's log:\n{}",
+            sink.log()
         );
         wait_progress(&b.addr, &sink, &load_over);
         let behind = sink.kill_with_slot_behind(&c, &b.addr, &load_over);
@@ -530,7 +555,7 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize) {
             "{label} round {round}: Kafka never got ahead of the slot in 60 s"
         );
         n += 1;
-        sink = start_sink(&c, &b.addr, &logs, n, &quiet);
+        sink = start_sink(&c, &kafka, &logs, n, &quiet);
         sink.wait_streaming();
         wait_progress(&b.addr, &sink, &load_over);
     }
@@ -547,7 +572,7 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize) {
     let restarts = count_in(&log, "restarts after Kafka errors");
     let heartbeats = count_in(&log, "heartbeats");
     let end: Lsn = c.query("SELECT pg_current_wal_lsn()").parse().unwrap();
-    let (ok, last_log) = start_sink(&c, &b.addr, &logs, n + 1, &["--stop-lsn", &end.to_string()])
+    let (ok, last_log) = start_sink(&c, &kafka, &logs, n + 1, &["--stop-lsn", &end.to_string()])
         .wait(Duration::from_secs(300));
     assert!(ok, "{label}: the catch-up run failed:\n{last_log}");
 
@@ -628,7 +653,7 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize) {
 }
 
 #[test]
-fn exactly_once_across_crashes() {
+fn kafka_sink_exactly_once_across_crashes() {
     if !broker::have_java() {
         eprintln!("NOTICE: no java; the Kafka sink test is skipped");
         return;
@@ -638,12 +663,13 @@ fn exactly_once_across_crashes() {
         // sink that already recovered once), one round on 15 (pgoutput
         // v3, without v4's parallel streaming); not on 17, whose v4 stream is
         // 18's (the other tests run there)
-        let rounds = match label {
-            "pg18" => 2,
+        // 18's over TLS with SCRAM-SHA-512 (and zstd), 15's in plaintext
+        let (rounds, secure) = match label {
+            "pg18" => (2, true),
             "pg17" => continue,
-            _ => 1,
+            _ => (1, false),
         };
-        exactly_once(label, &bin, rounds);
+        exactly_once(label, &bin, rounds, secure);
     }
 }
 
@@ -651,7 +677,7 @@ fn exactly_once_across_crashes() {
 /// heartbeat commits progress records for the WAL that passed, the slot
 /// follows them, and a restart from them loses and repeats nothing.
 #[test]
-fn heartbeat_lets_the_slot_move_on_a_quiet_publication() {
+fn kafka_sink_heartbeat_lets_the_slot_move_on_a_quiet_publication() {
     if !broker::have_java() {
         eprintln!("NOTICE: no java; the Kafka heartbeat test is skipped");
         return;
@@ -661,6 +687,7 @@ fn heartbeat_lets_the_slot_move_on_a_quiet_publication() {
     };
     let _one = one_broker();
     let b = Broker::start(label);
+    let kafka = broker::sink_args(&b.addr, &[]);
     let c = Cluster::start(label, &bin, Options::default());
     c.psql(SETUP);
     c.psql("CREATE TABLE unpublished (id serial PRIMARY KEY, pad text)");
@@ -684,7 +711,7 @@ fn heartbeat_lets_the_slot_move_on_a_quiet_publication() {
             .unwrap()
     };
 
-    let sink = start_sink(&c, &b.addr, &logs, 0, &["--kafka-heartbeat-secs", "1"]);
+    let sink = start_sink(&c, &kafka, &logs, 0, &["--kafka-heartbeat-secs", "1"]);
     sink.wait_streaming();
     c.psql("INSERT INTO scratch VALUES (1, 1)");
     let first: Lsn = c
@@ -745,7 +772,7 @@ fn heartbeat_lets_the_slot_move_on_a_quiet_publication() {
     let heartbeats = count_in(&log, "heartbeats");
     assert!(heartbeats > 0, "no heartbeat counted:\n{log}");
     // a restart from Kafka's progress: the second row once, the first not again
-    let (ok, log2) = start_sink(&c, &b.addr, &logs, 1, &["--stop-lsn", &end.to_string()])
+    let (ok, log2) = start_sink(&c, &kafka, &logs, 1, &["--stop-lsn", &end.to_string()])
         .wait(Duration::from_secs(120));
     assert!(ok, "the restart failed:\n{log2}");
     let scratch = read_all(&b.addr, &[&topic("scratch")], "read_committed");
@@ -768,4 +795,194 @@ fn heartbeat_lets_the_slot_move_on_a_quiet_publication() {
          did not see; the restart wrote the next row once",
         (quiet_end.0 - first.0) >> 20
     );
+}
+
+/// pgwal reaches the broker over TLS (a client certificate), SASL_SSL with
+/// SCRAM-SHA-256, SCRAM-SHA-512, PLAIN and OAUTHBEARER (librdkafka's
+/// unsecured JWT), with zstd and lz4 compression; each run writes the next
+/// row once. Then the refusals: a CA that did not sign the broker's
+/// certificate, a wrong password, no client certificate where one is
+/// required, a plaintext client at the TLS port. Each ends pgwal with an
+/// error that names the cause, and neither Kafka nor the slot moves.
+#[test]
+fn kafka_sink_secure_listeners_and_their_refusals() {
+    if !broker::have_java() {
+        eprintln!("NOTICE: no java; the Kafka TLS/SASL test is skipped");
+        return;
+    }
+    let Some((label, bin)) = support::servers().into_iter().last() else {
+        panic!("no server");
+    };
+    let _one = one_broker();
+    let b = Broker::start_secure(&format!("{label}-secure"));
+    let s = b.secure.clone().unwrap();
+    let c = Cluster::start(label, &bin, Options::default());
+    c.psql(SETUP);
+    block_on(async {
+        let mut rc = ReplicationClient::connect(&config(&c, "postgres"))
+            .await
+            .unwrap();
+        rc.create_logical_slot("kslot", &CreateSlotOptions::new())
+            .await
+            .unwrap();
+    });
+    let logs =
+        std::env::temp_dir().join(format!("pgwal-kafka-secure-{label}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&logs);
+    std::fs::create_dir_all(&logs).unwrap();
+    let slot_position = || -> Lsn {
+        c.query("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'kslot'")
+            .parse()
+            .unwrap()
+    };
+    let with = |mut o: Vec<(String, String)>, k: &str, v: &str| {
+        o.push((k.to_owned(), v.to_owned()));
+        o
+    };
+    let accepted: Vec<(&str, Vec<String>)> = vec![
+        (
+            "SSL with a client certificate, lz4",
+            broker::sink_args(&s.ssl, &with(s.ssl_options(), "compression.type", "lz4")),
+        ),
+        (
+            "SASL_SSL SCRAM-SHA-256",
+            broker::sink_args(&s.sasl_ssl, &s.sasl_options("SCRAM-SHA-256")),
+        ),
+        (
+            "SASL_SSL SCRAM-SHA-512, zstd",
+            broker::sink_args(
+                &s.sasl_ssl,
+                &with(s.sasl_options("SCRAM-SHA-512"), "compression.type", "zstd"),
+            ),
+        ),
+        (
+            "SASL_SSL PLAIN",
+            broker::sink_args(&s.sasl_ssl, &s.sasl_options("PLAIN")),
+        ),
+        (
+            "SASL_SSL OAUTHBEARER (unsecured JWT)",
+            broker::sink_args(&s.sasl_ssl, &s.sasl_options("OAUTHBEARER")),
+        ),
+    ];
+    let mut n = 0;
+    for (i, (what, kafka)) in accepted.iter().enumerate() {
+        c.psql(&format!("INSERT INTO scratch VALUES ({i}, {i})"));
+        let end: Lsn = c
+            .query("SELECT pg_current_wal_insert_lsn()")
+            .parse()
+            .unwrap();
+        let (ok, log) = start_sink(&c, kafka, &logs, n, &["--stop-lsn", &end.to_string()])
+            .wait(Duration::from_secs(120));
+        n += 1;
+        assert!(ok, "{what}: pgwal failed:\n{log}");
+        // a topic the broker just created may be missing from a new
+        // reader's first metadata: read until the row is there, or 30 s
+        let t0 = Instant::now();
+        let ids = loop {
+            let ids: Vec<i64> = read_all(&b.addr, &[&topic("scratch")], "read_committed")
+                .iter()
+                .map(|r| {
+                    let v: Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+                    v["after"]["id"].as_i64().unwrap()
+                })
+                .collect();
+            if ids.len() > i || t0.elapsed() > Duration::from_secs(30) {
+                break ids;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        };
+        assert_eq!(
+            ids,
+            (0..=i as i64).collect::<Vec<_>>(),
+            "{what}: scratch in Kafka; pgwal's log:\n{log}"
+        );
+    }
+
+    // the refusals: one more row waits, and stays unwritten
+    c.psql("INSERT INTO scratch VALUES (100, 100)");
+    let end: Lsn = c
+        .query("SELECT pg_current_wal_insert_lsn()")
+        .parse()
+        .unwrap();
+    let (kafka_before, slot_before) = (kafka_progress(&b.addr), slot_position());
+    let wrong_password: Vec<(String, String)> = s
+        .sasl_options("SCRAM-SHA-512")
+        .into_iter()
+        .map(|(k, v)| {
+            let v = if k == "sasl.password" {
+                "not-the-password".into()
+            } else {
+                v
+            };
+            (k, v)
+        })
+        .collect();
+    let refused: Vec<(&str, Vec<String>, &str)> = vec![
+        (
+            "a CA that did not sign the broker's certificate",
+            broker::sink_args(
+                &s.sasl_ssl,
+                &with(
+                    s.sasl_options("SCRAM-SHA-512"),
+                    "ssl.ca.location",
+                    &s.other_ca,
+                ),
+            ),
+            "certificate verify failed",
+        ),
+        (
+            "a wrong password",
+            broker::sink_args(&s.sasl_ssl, &wrong_password),
+            "SCRAM-SHA-512",
+        ),
+        (
+            "no client certificate at a listener that requires one",
+            broker::sink_args(
+                &s.ssl,
+                &[
+                    ("security.protocol".to_owned(), "SSL".to_owned()),
+                    ("ssl.ca.location".to_owned(), s.ca.clone()),
+                ],
+            ),
+            "SSL",
+        ),
+        (
+            "a plaintext client at the TLS port",
+            broker::sink_args(&s.sasl_ssl, &[]),
+            "none ever was: check --kafka-brokers and that security.protocol matches",
+        ),
+    ];
+    for (what, kafka, cause) in &refused {
+        let t0 = Instant::now();
+        let mut extra = vec!["--stop-lsn", &end.to_string()]
+            .into_iter()
+            .map(str::to_owned)
+            .collect::<Vec<_>>();
+        // a refusal is not retried; other failures are, for this long
+        // (librdkafka's request for the broker's API versions times out
+        // after 10 s: a plaintext client at a TLS port waits that long)
+        extra.extend(["--kafka-retry-secs", "0", "--kafka-timeout-secs", "11"].map(str::to_owned));
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let (ok, log) = start_sink(&c, kafka, &logs, n, &extra).wait(Duration::from_secs(60));
+        n += 1;
+        assert!(!ok, "{what}: pgwal succeeded:\n{log}");
+        assert!(
+            log.contains(cause),
+            "{what}: pgwal's error does not name the cause ({cause:?}):\n{log}"
+        );
+        assert_eq!(
+            (kafka_progress(&b.addr), slot_position()),
+            (kafka_before, slot_before),
+            "{what}: Kafka or the slot moved"
+        );
+        eprintln!(
+            "{what}: refused in {:.1} s: {}",
+            t0.elapsed().as_secs_f64(),
+            log.lines()
+                .rev()
+                .find(|l| l.contains("error"))
+                .unwrap_or_default()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&logs);
 }

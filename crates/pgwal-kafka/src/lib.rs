@@ -12,6 +12,7 @@
 //! --sink kafka`).
 #![warn(missing_docs)]
 
+mod client;
 pub mod format;
 pub mod keys;
 pub mod producer;

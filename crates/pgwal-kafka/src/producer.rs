@@ -21,9 +21,10 @@ use pgwal_protocol::Lsn;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 
+use crate::client::Context;
 use crate::format::Record;
 use crate::progress;
 
@@ -34,6 +35,23 @@ pub enum ProducerError {
     /// From the Kafka client.
     #[error("Kafka: {0}")]
     Kafka(#[from] KafkaError),
+    /// A broker refused the connection: TLS (a certificate that does not
+    /// verify, a client certificate missing) or SASL authentication
+    /// failed. Retrying does not help until the configuration changes.
+    #[error("Kafka refused the connection: {reason}")]
+    Refused {
+        /// librdkafka's account, which names the cause.
+        reason: String,
+    },
+    /// A call failed while no broker could be reached; what the last
+    /// connection attempt said (e.g. a plaintext client at a TLS port).
+    #[error("Kafka: {source}; the brokers' last connection error: {cause}")]
+    Unreachable {
+        /// The call's error.
+        source: KafkaError,
+        /// The last connection error librdkafka reported.
+        cause: String,
+    },
     /// A blocking call's thread panicked or was cancelled.
     #[error("a Kafka client call did not complete")]
     Join,
@@ -101,7 +119,8 @@ impl ProducerConfig {
 
 /// A transactional producer.
 pub struct KafkaProducer {
-    producer: Arc<ThreadedProducer<DefaultProducerContext>>,
+    producer: Arc<ThreadedProducer<Context>>,
+    context: Context,
     config: ProducerConfig,
     open: bool,
     queue_full_waits: u64,
@@ -131,18 +150,29 @@ impl KafkaProducer {
         }
         cc.set("transactional.id", &config.transactional_id)
             .set("enable.idempotence", "true");
-        let producer: ThreadedProducer<DefaultProducerContext> = cc.create()?;
-        let t0 = std::time::Instant::now();
-        ensure_progress_topic(&config).await?;
-        tracing::debug!(took = ?t0.elapsed(), topic = %config.progress_topic, "progress topic there");
+        let context = Context::default();
+        let producer: ThreadedProducer<Context> = cc.create_with_context(context.clone())?;
         let producer = Arc::new(producer);
-        let p = producer.clone();
-        let t = config.timeout;
-        let t0 = std::time::Instant::now();
-        blocking(move || p.init_transactions(t)).await?;
-        tracing::debug!(took = ?t0.elapsed(), id = %config.transactional_id, "transactions initialised");
+        let setup = async {
+            let t0 = std::time::Instant::now();
+            ensure_progress_topic(&config, &context).await?;
+            tracing::debug!(took = ?t0.elapsed(), topic = %config.progress_topic, "progress topic there");
+            let p = producer.clone();
+            let t = config.timeout;
+            let t0 = std::time::Instant::now();
+            blocking(move || p.init_transactions(t)).await?;
+            tracing::debug!(took = ?t0.elapsed(), id = %config.transactional_id, "transactions initialised");
+            Ok::<(), ProducerError>(())
+        };
+        // a refusal ends the wait at once; any other failure says what the
+        // last connection attempt met
+        tokio::select! {
+            r = setup => r.map_err(|e| explain(e, &context))?,
+            reason = context.refusal() => return Err(ProducerError::Refused { reason }),
+        }
         Ok(KafkaProducer {
             producer,
+            context,
             config,
             open: false,
             queue_full_waits: 0,
@@ -152,10 +182,12 @@ impl KafkaProducer {
     /// The last committed position of this stream in the progress topic.
     pub async fn committed(&self) -> Result<Option<Lsn>, ProducerError> {
         let cfg = self.config.clone();
+        let context = self.context.clone();
         let t0 = std::time::Instant::now();
-        let r = tokio::task::spawn_blocking(move || read_progress(&cfg))
+        let r = tokio::task::spawn_blocking(move || read_progress(&cfg, &context))
             .await
-            .map_err(|_| ProducerError::Join)?;
+            .map_err(|_| ProducerError::Join)?
+            .map_err(|e| explain(e, &self.context));
         tracing::debug!(took = ?t0.elapsed(), position = ?r.as_ref().ok(), "progress read");
         r
     }
@@ -252,21 +284,36 @@ impl KafkaProducer {
     }
 }
 
+/// A Kafka error with the brokers' last connection error, when there was
+/// one: a timeout alone does not say that the client never got through.
+fn explain(e: ProducerError, context: &Context) -> ProducerError {
+    match (e, context.last_connection_error()) {
+        (ProducerError::Kafka(source), Some(cause)) => ProducerError::Unreachable { source, cause },
+        (e, _) => e,
+    }
+}
+
 /// Creates the progress topic, compacted and with one partition, unless it
 /// exists. Auto-creation would make it uncompacted, and a topic of several
 /// partitions could not be read back in order.
-async fn ensure_progress_topic(cfg: &ProducerConfig) -> Result<(), ProducerError> {
+async fn ensure_progress_topic(
+    cfg: &ProducerConfig,
+    context: &Context,
+) -> Result<(), ProducerError> {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    use rdkafka::client::DefaultClientContext;
     use rdkafka::types::RDKafkaErrorCode;
-    let admin: AdminClient<DefaultClientContext> = client_config(cfg).create()?;
+    let admin: AdminClient<Context> = client_config(cfg).create_with_context(context.clone())?;
     // -1: the broker's default replication factor
     let topic = NewTopic::new(&cfg.progress_topic, 1, TopicReplication::Fixed(-1))
         .set("cleanup.policy", "compact");
     let results = admin
         .create_topics(
             [&topic],
-            &AdminOptions::new().operation_timeout(Some(cfg.timeout)),
+            // request_timeout: an unreachable broker must not hold the
+            // call for librdkafka's default minute
+            &AdminOptions::new()
+                .operation_timeout(Some(cfg.timeout))
+                .request_timeout(Some(cfg.timeout)),
         )
         .await?;
     for r in results {
@@ -298,12 +345,12 @@ fn client_config(cfg: &ProducerConfig) -> ClientConfig {
 /// would be stale. Such a transaction ends within its batch time (this
 /// stream's own earlier one was fenced by `init_transactions`), so the
 /// read waits for it, up to the timeout, and never guesses.
-fn read_progress(cfg: &ProducerConfig) -> Result<Option<Lsn>, ProducerError> {
+fn read_progress(cfg: &ProducerConfig, context: &Context) -> Result<Option<Lsn>, ProducerError> {
     let group = format!("{}-progress-reader", cfg.transactional_id);
-    let watermarks: BaseConsumer = client_config(cfg)
+    let watermarks: BaseConsumer<Context> = client_config(cfg)
         .set("isolation.level", "read_uncommitted")
         .set("group.id", &group)
-        .create()?;
+        .create_with_context(context.clone())?;
     let (_, end) = match watermarks.fetch_watermarks(&cfg.progress_topic, 0, cfg.timeout) {
         Ok(w) => w,
         // no progress topic yet: nothing was ever committed
@@ -313,12 +360,12 @@ fn read_progress(cfg: &ProducerConfig) -> Result<Option<Lsn>, ProducerError> {
     if end <= 0 {
         return Ok(None);
     }
-    let consumer: BaseConsumer = client_config(cfg)
+    let consumer: BaseConsumer<Context> = client_config(cfg)
         .set("isolation.level", "read_committed")
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
         .set("group.id", &group)
-        .create()?;
+        .create_with_context(context.clone())?;
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(&cfg.progress_topic, 0, Offset::Beginning)?;
     consumer.assign(&tpl)?;

@@ -140,6 +140,21 @@ pub enum SinkError {
         /// The last error.
         last: ProducerError,
     },
+    /// No broker could be used for longer than `retry_for`, and none ever
+    /// was: the brokers' addresses, or the listener's protocol, may be
+    /// wrong. Nothing was written or acknowledged.
+    #[error("no Kafka broker could be used for {:.0?} (retry_for), and none ever was: check --kafka-brokers and that security.protocol matches the listener at that port; last error: {last}", .for_)]
+    KafkaNeverConnected {
+        /// How long.
+        for_: Duration,
+        /// The last error.
+        last: ProducerError,
+    },
+    /// A broker refused pgwal before it had ever connected (TLS or SASL
+    /// authentication failed): a configuration error, not retried. Nothing
+    /// was written to Kafka or acknowledged to the slot.
+    #[error("{0} (nothing was written or acknowledged; check security.protocol and the ssl.* and sasl.* options)")]
+    KafkaRefused(ProducerError),
     /// A change that cannot be written faithfully; nothing after it was
     /// acknowledged.
     #[error(transparent)]
@@ -213,10 +228,22 @@ pub async fn run(
     let mut failing_since: Option<Instant> = None;
     let mut backoff = Duration::from_millis(200);
     tokio::pin!(stop);
+    // A refusal before the first connection is a configuration error; one
+    // after pgwal got through once (a certificate rotated, a broker
+    // restarting) is retried like any Kafka error.
+    let mut ever_connected = false;
     loop {
-        let mut session = Session::new(&sink, &mut stats);
-        match session.run(&pg, &stream, &pcfg, &mut stop).await {
+        let (result, connected) = {
+            let mut session = Session::new(&sink, &mut stats);
+            let r = session.run(&pg, &stream, &pcfg, &mut stop).await;
+            (r, session.connected)
+        };
+        ever_connected |= connected;
+        match result {
             Ok(()) => return Ok(stats),
+            Err(Failure::Kafka(e @ ProducerError::Refused { .. }, _)) if !ever_connected => {
+                return Err(SinkError::KafkaRefused(e))
+            }
             Err(Failure::Kafka(e, progressed)) => {
                 if progressed {
                     failing_since = None;
@@ -224,9 +251,11 @@ pub async fn run(
                 }
                 let since = *failing_since.get_or_insert_with(Instant::now);
                 if since.elapsed() > sink.retry_for {
-                    return Err(SinkError::Kafka {
-                        for_: since.elapsed(),
-                        last: e,
+                    let for_ = since.elapsed();
+                    return Err(if ever_connected {
+                        SinkError::Kafka { for_, last: e }
+                    } else {
+                        SinkError::KafkaNeverConnected { for_, last: e }
                     });
                 }
                 tracing::warn!(error = %e, retry_in = ?backoff, "Kafka failed; starting over from Kafka's progress");
@@ -287,6 +316,8 @@ struct Session<'a> {
     block: Option<u32>,
     streamed_bytes: usize,
     committed_any: bool,
+    /// The producer connected (its transactions initialised).
+    connected: bool,
     /// The Kafka commit in flight and the position it makes durable;
     /// records that come meanwhile wait in `held` (up to `batch_bytes`).
     committing: Option<(Commit, Lsn)>,
@@ -318,6 +349,7 @@ impl<'a> Session<'a> {
             block: None,
             streamed_bytes: 0,
             committed_any: false,
+            connected: false,
             committing: None,
             held: Vec::new(),
             held_bytes: 0,
@@ -366,6 +398,7 @@ impl<'a> Session<'a> {
             p = KafkaProducer::connect(pcfg.clone()) => p.map_err(|e| self.kafka(e))?,
             _ = &mut *stop => return Ok(()),
         };
+        self.connected = true;
         let committed = tokio::select! {
             c = producer.committed() => c.map_err(|e| self.kafka(e))?,
             _ = &mut *stop => return Ok(()),

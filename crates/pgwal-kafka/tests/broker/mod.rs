@@ -13,7 +13,93 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 /// A single-node broker in a directory of its own, killed when dropped.
 pub struct Broker {
     pub dir: PathBuf,
+    /// The plaintext listener (the tests' readers use it).
     pub addr: String,
+    /// The secure listeners, when started with [`Broker::start_secure`].
+    pub secure: Option<Secure>,
+}
+
+/// What `tools/kafka-broker start --secure` made (its DIR/secure.env).
+#[derive(Debug, Clone)]
+pub struct Secure {
+    /// TLS, client certificate required.
+    pub ssl: String,
+    /// SASL over TLS.
+    pub sasl_ssl: String,
+    pub ca: String,
+    /// A CA that signed neither the broker's nor the client's certificate.
+    pub other_ca: String,
+    pub client_cert: String,
+    pub client_key: String,
+    pub user: String,
+    pub password: String,
+}
+
+impl Secure {
+    fn read(dir: &std::path::Path) -> Secure {
+        let env = std::fs::read_to_string(dir.join("secure.env")).unwrap();
+        let get = |k: &str| {
+            env.lines()
+                .find_map(|l| l.strip_prefix(&format!("{k}=")))
+                .unwrap_or_else(|| panic!("secure.env lacks {k}"))
+                .to_owned()
+        };
+        Secure {
+            ssl: get("ssl"),
+            sasl_ssl: get("sasl_ssl"),
+            ca: get("ca"),
+            other_ca: get("other_ca"),
+            client_cert: get("client_cert"),
+            client_key: get("client_key"),
+            user: get("user"),
+            password: get("password"),
+        }
+    }
+
+    /// librdkafka settings for SASL_SSL with `mechanism` and the user's
+    /// password (OAUTHBEARER: librdkafka's unsecured JWT for the user).
+    pub fn sasl_options(&self, mechanism: &str) -> Vec<(String, String)> {
+        let mut o = vec![
+            ("security.protocol", "SASL_SSL".to_owned()),
+            ("ssl.ca.location", self.ca.clone()),
+            ("sasl.mechanism", mechanism.to_owned()),
+        ];
+        if mechanism == "OAUTHBEARER" {
+            o.push(("enable.sasl.oauthbearer.unsecure.jwt", "true".to_owned()));
+            o.push((
+                "sasl.oauthbearer.config",
+                format!("principal={}", self.user),
+            ));
+        } else {
+            o.push(("sasl.username", self.user.clone()));
+            o.push(("sasl.password", self.password.clone()));
+        }
+        o.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+    }
+
+    /// librdkafka settings for SSL with the client certificate.
+    pub fn ssl_options(&self) -> Vec<(String, String)> {
+        [
+            ("security.protocol", "SSL".to_owned()),
+            ("ssl.ca.location", self.ca.clone()),
+            ("ssl.certificate.location", self.client_cert.clone()),
+            ("ssl.key.location", self.client_key.clone()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    }
+}
+
+/// `pgwal stream` arguments for the brokers `addr` with librdkafka
+/// `options`.
+pub fn sink_args(addr: &str, options: &[(String, String)]) -> Vec<String> {
+    let mut a = vec!["--kafka-brokers".to_owned(), addr.to_owned()];
+    for (k, v) in options {
+        a.push("--kafka-option".to_owned());
+        a.push(format!("{k}={v}"));
+    }
+    a
 }
 
 fn tool() -> PathBuf {
@@ -36,20 +122,35 @@ fn run(args: &[&str]) -> String {
 }
 
 impl Broker {
+    /// A broker with a plaintext listener.
     pub fn start(label: &str) -> Broker {
+        Broker::start_with(label, false)
+    }
+
+    /// A broker with plaintext, SSL and SASL_SSL listeners.
+    pub fn start_secure(label: &str) -> Broker {
+        Broker::start_with(label, true)
+    }
+
+    fn start_with(label: &str, secure: bool) -> Broker {
         let dir = std::env::temp_dir().join(format!("pgwal-kafka-{label}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        // a free pair below the ephemeral range (the controller takes port + 1)
+        // four free ports below the ephemeral range (the controller takes
+        // port + 1, the secure listeners port + 2 and + 3)
         let port = (15_000..30_000)
-            .step_by(2)
-            .map(|p| p + (std::process::id() % 1000) as u16 * 2 % 15_000)
-            .find(|p| {
-                std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok()
-                    && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok()
-            })
+            .step_by(4)
+            .map(|p| p + (std::process::id() % 1000) as u16 * 4 % 15_000)
+            .find(|p| (0..4).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()))
             .unwrap();
-        let addr = run(&["start", dir.to_str().unwrap(), &port.to_string()]);
-        Broker { dir, addr }
+        let mut args = vec!["start", dir.to_str().unwrap()];
+        let port = port.to_string();
+        args.push(&port);
+        if secure {
+            args.push("--secure");
+        }
+        let addr = run(&args);
+        let secure = secure.then(|| Secure::read(&dir));
+        Broker { dir, addr, secure }
     }
 
     /// SIGKILL, then start again on the same data and port.
