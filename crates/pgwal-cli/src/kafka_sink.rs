@@ -148,7 +148,7 @@ pub(crate) async fn run(
     a: KafkaArgs,
     slot_check_interval: f64,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let stop = stop_signal();
+    let stop = crate::signals::stop_signal();
     let routing = Routing::new(&a.topic_prefix, &a.topic_template)?;
     let format = match a.format {
         FormatArg::Pgwal => Format::Pgwal,
@@ -204,33 +204,4 @@ pub(crate) async fn run(
             .map_or_else(|| "nothing yet".to_owned(), |l| l.to_string())
     );
     Ok(())
-}
-
-/// Ctrl-C or SIGTERM. The handlers are installed here, before anything
-/// else runs, so that a signal during start-up stops pgwal cleanly rather
-/// than by the default action.
-fn stop_signal() -> impl std::future::Future<Output = ()> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let term = signal(SignalKind::terminate());
-        let int = signal(SignalKind::interrupt());
-        async move {
-            match (term, int) {
-                (Ok(mut term), Ok(mut int)) => {
-                    tokio::select! {
-                        _ = term.recv() => {}
-                        _ = int.recv() => {}
-                    }
-                }
-                _ => {
-                    let _ = tokio::signal::ctrl_c().await;
-                }
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    async {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }

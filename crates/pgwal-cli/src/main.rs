@@ -1,10 +1,12 @@
 //! `pgwal`: stream PostgreSQL logical changes as JSON lines, receive physical WAL, manage slots.
 
 mod config_file;
+mod exit_code;
 mod json;
 mod kafka_sink;
 mod metrics;
 mod receive_cmd;
+mod signals;
 mod slot_cmd;
 mod slot_watch;
 mod stream_cmd;
@@ -110,7 +112,7 @@ fn main() -> ExitCode {
         Ok(a) => a,
         Err(e) => {
             eprintln!("pgwal: {e}");
-            return ExitCode::FAILURE;
+            return ExitCode::from(exit_code::CONFIG);
         }
     };
     // an option given twice (file, then command line) takes the last value
@@ -165,7 +167,8 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("pgwal: {e}");
-            ExitCode::FAILURE
+            // by class: a supervisor restarts only what a restart may cure
+            exit_code::of(e.as_ref())
         }
     }
 }

@@ -111,21 +111,6 @@ fn parse_lsn(s: &str) -> std::result::Result<Lsn, String> {
     s.parse::<Lsn>().map_err(|e| e.to_string())
 }
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-}
-
 pub(crate) async fn run(config: Config, a: ReceiveArgs) -> Result<()> {
     let mut pc = PhysicalConfig::new(a.dir)
         .ack(match a.ack {
@@ -158,7 +143,7 @@ pub(crate) async fn run(config: Config, a: ReceiveArgs) -> Result<()> {
     }
     let receiver = PhysicalReceiver::new(config, pc);
     let progress = receiver.progress();
-    let why = receiver.run(shutdown_signal()).await?;
+    let why = receiver.run(crate::signals::stop_signal()).await?;
     eprintln!(
         "pgwal receive: stopped ({why:?}) on timeline {}: received {}, written {}, flushed {}",
         progress.timeline(),

@@ -362,8 +362,10 @@ pub(crate) async fn run(
     let progress = std::io::stderr().is_terminal();
     let (mut events, mut last_events, mut last_report) = (0u64, 0u64, Instant::now());
     let mut line = Vec::with_capacity(512);
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
+    // Ctrl-C or SIGTERM (a supervisor's stop): end after the last
+    // acknowledgement, as at the stop position
+    let stop = crate::signals::stop_signal();
+    tokio::pin!(stop);
     // The consumer's acknowledgements are read by a task of their own: were
     // they read between writes to stdout, a consumer that waits for its ack
     // to take effect before reading on would wait for a pgwal blocked on a
@@ -387,7 +389,7 @@ pub(crate) async fn run(
     loop {
         let event = tokio::select! {
             e = stream.next() => e,
-            _ = &mut ctrl_c => None,
+            _ = &mut stop => None,
             done = async { acks_task.as_mut().expect("guarded").await }, if consumer_acks => {
                 // the consumer will acknowledge nothing more (end of stdin), or sent a bad line
                 done.map_err(|_| Error::Closed)??;

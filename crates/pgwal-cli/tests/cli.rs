@@ -916,3 +916,143 @@ fn snapshot_table_backfills_a_table_added_later() {
         );
     }
 }
+
+/// SIGTERM, as systemd or Kubernetes send it, stops a stream to stdout as
+/// Ctrl-C does: pgwal exits 0 after a last status update that acknowledges
+/// everything it wrote out (with `--status-interval 600` nothing else
+/// would have).
+#[test]
+fn sigterm_stops_a_stdout_stream_with_its_last_acknowledgement() {
+    let Some((label, bin)) = support::servers().into_iter().last() else {
+        panic!("no server");
+    };
+    let c = Cluster::start(label, &bin, Options::default());
+    c.psql("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION p FOR TABLE t;");
+    let (ok, _, err) = pgwal(&c, &["slot", "create", "term_slot"]);
+    assert!(ok, "{err}");
+    let mut p = pgwal_command(&c)
+        .args([
+            "stream",
+            "-S",
+            "term_slot",
+            "-P",
+            "p",
+            "--status-interval",
+            "600",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    for i in 0..3 {
+        c.psql(&format!("INSERT INTO t VALUES ({i})"));
+    }
+    let mut out = BufReader::new(p.stdout.take().unwrap());
+    let mut last_end = String::new();
+    let mut commits = 0;
+    let t0 = Instant::now();
+    while commits < 3 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{label}: no 3 commits"
+        );
+        let mut l = String::new();
+        assert!(out.read_line(&mut l).unwrap() > 0, "{label}: stdout ended");
+        let v: Value = serde_json::from_str(&l).unwrap();
+        if v["type"] == "commit" {
+            commits += 1;
+            last_end = v["end_lsn"].as_str().unwrap().to_owned();
+        }
+    }
+    // the last commit not acknowledged yet: the status interval is ten
+    // minutes (only the stream's start may have confirmed something)
+    let before = confirmed(&c, "term_slot");
+    assert!(
+        !lsn_ge(&c, &before, &last_end),
+        "{label}: the slot ({before}) already confirmed the last commit ({last_end})"
+    );
+    let pid = p.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = p.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "{label}: pgwal still runs 30 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut p.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(
+        status.success(),
+        "{label}: pgwal after SIGTERM: {status}\n{err}"
+    );
+    assert!(
+        lsn_ge(&c, &confirmed(&c, "term_slot"), &last_end),
+        "{label}: the slot ({}) was not acknowledged up to the last commit written ({last_end})",
+        confirmed(&c, "term_slot")
+    );
+}
+
+/// The exit status says the class of what ended pgwal (exit_code.rs): 2
+/// for configuration, 3 for a slot that cannot be used, 4 for retries
+/// exhausted.
+#[test]
+fn exit_status_by_class() {
+    let Some((label, bin)) = support::servers().into_iter().last() else {
+        panic!("no server");
+    };
+    let c = Cluster::start(label, &bin, Options::default());
+    c.psql("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION p FOR TABLE t;");
+    let status = |cmd: &mut Command| {
+        let out = cmd.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // a slot that does not exist
+    let (code, err) = status(pgwal_command(&c).args(["stream", "-S", "nosuch", "-P", "p"]));
+    assert_eq!(code, Some(3), "{label}: missing slot: {err}");
+    // a connection string pgwal cannot use
+    let (code, err) = status(Command::new(env!("CARGO_BIN_EXE_pgwal")).args([
+        "-d",
+        "nosuchkeyword=1",
+        "slot",
+        "list",
+    ]));
+    assert_eq!(code, Some(2), "{label}: bad connection string: {err}");
+    // a config file that is not there
+    let (code, err) = status(pgwal_command(&c).args([
+        "stream",
+        "--config",
+        "/nonexistent/pgwal.toml",
+        "-S",
+        "s",
+        "-P",
+        "p",
+    ]));
+    assert_eq!(code, Some(2), "{label}: missing config file: {err}");
+    // a server that is not there, retried until the attempts run out
+    let dir = std::env::temp_dir().join(format!("pgwal-exit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (code, err) = status(
+        Command::new(env!("CARGO_BIN_EXE_pgwal"))
+            .args([
+                "-d",
+                "host=127.0.0.1 port=1 user=x dbname=x connect_timeout=1",
+            ])
+            .args(["receive", "-D"])
+            .arg(&dir)
+            .args(["--max-retries", "1"]),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(code, Some(4), "{label}: unreachable server: {err}");
+}

@@ -147,11 +147,17 @@ impl Sink {
     }
 
     /// Waits up to `limit` for the process to exit; its success and log.
-    fn wait(mut self, limit: Duration) -> (bool, String) {
+    fn wait(self, limit: Duration) -> (bool, String) {
+        let (code, log) = self.wait_code(limit);
+        (code == Some(0), log)
+    }
+
+    /// Waits up to `limit` for the process to exit; its exit status and log.
+    fn wait_code(mut self, limit: Duration) -> (Option<i32>, String) {
         let t0 = Instant::now();
         loop {
             if let Some(st) = self.child.try_wait().unwrap() {
-                return (st.success(), self.log());
+                return (st.code(), self.log());
             }
             if t0.elapsed() > limit {
                 let _ = self.child.kill();
@@ -917,7 +923,9 @@ fn kafka_sink_secure_listeners_and_their_refusals() {
             (k, v)
         })
         .collect();
-    let refused: Vec<(&str, Vec<String>, &str)> = vec![
+    // (what, pgwal's arguments, the cause its error must name, its exit
+    // status: 2 configuration, 4 retries exhausted)
+    let refused: Vec<(&str, Vec<String>, &str, i32)> = vec![
         (
             "a CA that did not sign the broker's certificate",
             broker::sink_args(
@@ -929,11 +937,13 @@ fn kafka_sink_secure_listeners_and_their_refusals() {
                 ),
             ),
             "certificate verify failed",
+            2,
         ),
         (
             "a wrong password",
             broker::sink_args(&s.sasl_ssl, &wrong_password),
             "SCRAM-SHA-512",
+            2,
         ),
         (
             "no client certificate at a listener that requires one",
@@ -945,14 +955,16 @@ fn kafka_sink_secure_listeners_and_their_refusals() {
                 ],
             ),
             "SSL",
+            2,
         ),
         (
             "a plaintext client at the TLS port",
             broker::sink_args(&s.sasl_ssl, &[]),
             "none ever was: check --kafka-brokers and that security.protocol matches",
+            4,
         ),
     ];
-    for (what, kafka, cause) in &refused {
+    for (what, kafka, cause, status) in &refused {
         let t0 = Instant::now();
         let mut extra = vec!["--stop-lsn", &end.to_string()]
             .into_iter()
@@ -963,9 +975,10 @@ fn kafka_sink_secure_listeners_and_their_refusals() {
         // after 10 s: a plaintext client at a TLS port waits that long)
         extra.extend(["--kafka-retry-secs", "0", "--kafka-timeout-secs", "11"].map(str::to_owned));
         let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-        let (ok, log) = start_sink(&c, kafka, &logs, n, &extra).wait(Duration::from_secs(60));
+        let (code, log) =
+            start_sink(&c, kafka, &logs, n, &extra).wait_code(Duration::from_secs(60));
         n += 1;
-        assert!(!ok, "{what}: pgwal succeeded:\n{log}");
+        assert_eq!(code, Some(*status), "{what}: pgwal's exit status:\n{log}");
         assert!(
             log.contains(cause),
             "{what}: pgwal's error does not name the cause ({cause:?}):\n{log}"

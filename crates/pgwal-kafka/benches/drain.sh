@@ -12,6 +12,11 @@
 #   kafka-dbz-32m  as kafka-dbz with --kafka-batch-bytes 32 MiB (fewer,
 #              larger Kafka transactions; during a drain the 4 MiB default,
 #              not the 100 ms, ends each)
+#   kafka-dbz-tls  as kafka-dbz over the broker's SASL_SSL listener (TLS,
+#              SCRAM-SHA-512; the broker runs with --secure for every
+#              variant, so plaintext and TLS runs share one broker)
+# With kafka-dbz and kafka-dbz-tls both run, each round's TLS/plaintext
+# ratio of rows/s is printed, with its median and range.
 # Each run ends at the backlog's end (--stop-lsn). Per run: wall time,
 # rows/s, client CPU (user+sys, /usr/bin/time), the broker's CPU (from
 # /proc), the time pgwal spent waiting for Kafka commits (its debug log)
@@ -33,7 +38,7 @@ bin=${PGWAL_BENCH_BIN:-$repo/.build/install/bench/bin}
 txns=${TXNS:-10000}
 per=${ROWS_PER_TXN:-100}
 rounds=${ROUNDS:-3}
-read -r -a variants <<<"${VARIANTS:-null kafka-dbz kafka-pg kafka-dbz-32m}"
+read -r -a variants <<<"${VARIANTS:-null kafka-dbz kafka-pg kafka-dbz-32m kafka-dbz-tls}"
 [ -x "$bin/postgres" ] || { echo "no server in $bin (server/pg build --flavour bench)" >&2; exit 2; }
 [ -x /usr/bin/time ] || { echo "/usr/bin/time is required (apt install time)" >&2; exit 2; }
 command -v java >/dev/null || { echo "java is required for the broker" >&2; exit 2; }
@@ -51,12 +56,18 @@ trap cleanup EXIT
 bench_cluster_start /dev/shm "$bin" "wal_level = logical" "max_replication_slots = 40" \
 	"max_wal_senders = 20" "shared_buffers = 512MB" "max_wal_size = 4GB"
 kport=$(python3 -c 'import socket
-for p in range(19100, 19900, 2):
+for p in range(19100, 19900, 4):
     try:
-        a = socket.socket(); a.bind(("127.0.0.1", p)); b = socket.socket(); b.bind(("127.0.0.1", p + 1))
+        socks = [socket.socket() for _ in range(4)]
+        for i, s in enumerate(socks): s.bind(("127.0.0.1", p + i))
         print(p); break
     except OSError: pass')
-brokers=$("$repo/tools/kafka-broker" start "$broker_dir/b" "$kport")
+brokers=$("$repo/tools/kafka-broker" start "$broker_dir/b" "$kport" --secure)
+# the SASL_SSL listener and its test CA and user (tools/kafka-broker)
+secure() { sed -n "s/^$1=//p" "$broker_dir/b/secure.env"; }
+tls_args=(--kafka-brokers "$(secure sasl_ssl)" --kafka-option security.protocol=SASL_SSL
+	--kafka-option "ssl.ca.location=$(secure ca)" --kafka-option sasl.mechanism=SCRAM-SHA-512
+	--kafka-option "sasl.username=$(secure user)" --kafka-option "sasl.password=$(secure password)")
 broker_pid=$(cat "$broker_dir/b/broker.pid")
 echo "server: $("$bin/postgres" --version); Kafka at $brokers; $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 raw=${RESULTS_OUT:-$dir/raw}
@@ -95,6 +106,7 @@ for round in $(seq 1 "$rounds"); do
 		kafka-dbz) args+=(--sink kafka --kafka-brokers "$brokers" --kafka-topic-prefix "r$n" ${KAFKA_ARGS:-}) ;;
 		kafka-dbz-32m) args+=(--sink kafka --kafka-brokers "$brokers" --kafka-topic-prefix "r$n" --kafka-batch-bytes 33554432 ${KAFKA_ARGS:-}) ;;
 		kafka-pg) args+=(--sink kafka --kafka-brokers "$brokers" --kafka-topic-prefix "r$n" --kafka-format pgwal ${KAFKA_ARGS:-}) ;;
+		kafka-dbz-tls) args+=(--sink kafka "${tls_args[@]}" --kafka-topic-prefix "r$n" ${KAFKA_ARGS:-}) ;;
 		*) echo "unknown variant $v" >&2; exit 2 ;;
 		esac
 		b0=$(cpu_ticks "$broker_pid")
@@ -132,4 +144,12 @@ for v, rs in rows.items():
     print(f"| {v} | {len(rs)} | " + " | ".join(cells) + " |")
 print(f"\n{int(sys.argv[2]):,} rows per run; median (min–max). commit_wait: seconds pgwal "
       "waited for Kafka commits; broker_cpu: the broker's CPU seconds during the run.")
+plain, tls = rows.get("kafka-dbz", []), rows.get("kafka-dbz-tls", [])
+if plain and tls and len(plain) == len(tls):
+    # the same round's runs, next to each other in time
+    ratios = [t["rows_per_s"] / p["rows_per_s"] for p, t in zip(plain, tls)]
+    cpu = [t["client_cpu"] / p["client_cpu"] for p, t in zip(plain, tls)]
+    print(f"\nTLS (SASL_SSL, SCRAM-SHA-512) / plaintext, per round: rows/s "
+          f"{' '.join(f'{r:.3f}' for r in ratios)}; median {statistics.median(ratios):.3f} "
+          f"({min(ratios):.3f}–{max(ratios):.3f}); client CPU median {statistics.median(cpu):.3f}")
 EOF
