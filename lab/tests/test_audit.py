@@ -321,10 +321,13 @@ def test_short_audit_patched(pg_bin, tmp_path):
     # failovers alternate between levels, and the chosen moments hit their
     # windows by far in one cycle (347 plain reads and 74 acknowledgements
     # lost in the run that set this); the long audits run many rounds
-    records = _short_audit(pg_bin, tmp_path, cycles=1)
-    _assert_clean_audit(records, ["off", "local", "local_non_durable_reads", "remote_receive",
-                                  "remote_receive+flush_worker", "remote_write", "remote_write+uw", "on", "on+uw",
-                                  "remote_apply"])
+    # (on+uw and remote_apply are left to the long audits, to fit CI's 45
+    # minutes: unflushed streaming runs here with remote_write, and
+    # remote_apply's promise is on's and more)
+    levels = ["off", "local", "local_non_durable_reads", "remote_receive", "remote_receive+flush_worker",
+              "remote_write", "remote_write+uw", "on"]
+    records = _short_audit(pg_bin, tmp_path, cycles=1, levels=",".join(levels))
+    _assert_clean_audit(records, levels)
     assert "volatile page cache proved" in records[0]["proof"]["primary"]
     assert records[0]["proof"]["link"]["rtt_ms_min"] >= 2.0
     # the chosen moments hit their windows: early-released commits seen by
@@ -343,9 +346,9 @@ def test_short_audit_stock(stock_bin, tmp_path):
     # what this run is for: the audit works on stock 18 (no patched-only
     # setting reaches it) and its control and strongest promise hold there,
     # under every fault; stock's levels between them keep the promise
-    # tables the patched run checks (local, remote_write, remote_apply run
-    # there on every fault), so they are left to the long audits to save
-    # CI two minutes
+    # tables the patched run checks (local and remote_write run there on
+    # every fault), so they are left to the long audits to save CI two
+    # minutes
     records = _short_audit(stock_bin, tmp_path, cycles=1, levels="off,on")
     _assert_clean_audit(records, ["off", "on"])
 
@@ -395,8 +398,12 @@ def _short_receiver_audit(bin_dir, tmp_path):
     assert audit_receiver.failures(records) is None, audit_receiver.failures(records)
     cells = {(r["fault"], r["mode"]) for r in records}
     assert cells == {(f, m) for f in audit_receiver.FAULTS for m in audit_receiver.MODES}
+    # a crash may come before a cycle's first acknowledgement (CI failed on
+    # one such --ack flush cycle on a loaded machine), not in every cycle of
+    # a cell
+    for cell in cells:
+        assert sum(r["acked_before_fault"] for r in records if (r["fault"], r["mode"]) == cell) > 0, cell
     for r in records:
-        assert r["acked_before_fault"] > 0, r
         if audit_receiver.promised(r["mode"], r["fault"]):
             assert r["commit_records"] >= r["acked_before_fault"], r
     # what --ack write and --ack receive acknowledged without an fsync is lost with the page cache
