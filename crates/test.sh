@@ -33,6 +33,8 @@ apt_wait=(-o DPkg::Lock::Timeout=600)
 need=()
 [ -x "$pg15/postgres" ] || need+=(postgresql-15 postgresql-client-15)
 command -v openssl >/dev/null || need+=(openssl)   # the TLS test generates a CA
+# the silent-peer test (as root) puts pgwal in a network namespace
+[ "$(id -u)" != 0 ] || command -v ip >/dev/null || need+=(iproute2)
 if want run && [ ${#need[@]} -gt 0 ]; then
 	echo "test.sh: installing ${need[*]}"
 	export DEBIAN_FRONTEND=noninteractive

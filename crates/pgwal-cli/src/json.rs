@@ -34,6 +34,7 @@ fn change(kind: &str, c: &Change) -> Value {
         "type": kind,
         "schema": c.relation.namespace,
         "table": c.relation.name,
+        "lsn": c.lsn.to_string(),
     });
     if let Some(x) = c.xid {
         o["xid"] = json!(x);
@@ -65,6 +66,7 @@ pub(crate) fn event(e: &Event) -> Option<Value> {
         Event::Delete(c) => change("delete", c),
         Event::Truncate(t) => json!({
             "type": "truncate",
+            "lsn": t.lsn.to_string(),
             "tables": t.relations.iter().map(|r| format!("{}.{}", r.namespace, r.name)).collect::<Vec<_>>(),
             "cascade": t.options & 1 != 0,
             "restart_identity": t.options & 2 != 0,

@@ -78,6 +78,12 @@ pub(crate) struct ReceiveArgs {
     /// Seconds between status updates at the latest.
     #[arg(short = 's', long, default_value_t = 10.0)]
     status_interval: f64,
+    /// Reconnect when the server sent nothing, not even a keepalive it was
+    /// asked for after half this many seconds, for this long (a server,
+    /// host or network gone without a reset); 0: never. Like the server's
+    /// wal_receiver_timeout; keep it above half its wal_sender_timeout.
+    #[arg(long, default_value_t = 60.0, value_parser = parse_timeout_secs)]
+    receive_timeout: f64,
     /// Exit once WAL up to this position is written and fsynced.
     #[arg(short = 'E', long, value_parser = parse_lsn)]
     endpos: Option<Lsn>,
@@ -119,6 +125,9 @@ pub(crate) async fn run(config: Config, a: ReceiveArgs) -> Result<()> {
             AckArg::Flush => AckMode::Flush,
         })
         .status_interval(Duration::from_secs_f64(a.status_interval.max(0.001)))
+        .receive_timeout(
+            (a.receive_timeout > 0.0).then(|| Duration::from_secs_f64(a.receive_timeout)),
+        )
         .receive_pointer(!a.no_receive_pointer)
         .inline_io(match a.file_io {
             FileIoArg::Inline => true,
@@ -152,4 +161,15 @@ pub(crate) async fn run(config: Config, a: ReceiveArgs) -> Result<()> {
         progress.flushed()
     );
     Ok(())
+}
+
+/// A number of seconds, 0 or at least 0.1 (a shorter receive timeout would
+/// time out a live server between its keepalives).
+fn parse_timeout_secs(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v == 0.0 || (v.is_finite() && (0.1..=86_400.0).contains(&v)) => Ok(v),
+        _ => Err(format!(
+            "{s}: expected 0 (never) or seconds from 0.1 to 86400"
+        )),
+    }
 }

@@ -119,6 +119,12 @@ pub(crate) struct StreamArgs {
     /// Seconds between feedback messages.
     #[arg(long, default_value_t = 1.0)]
     status_interval: f64,
+    /// Reconnect when the server sent nothing, not even a keepalive it was
+    /// asked for after half this many seconds, for this long (a server,
+    /// host or network gone without a reset); 0: never. Like the server's
+    /// wal_receiver_timeout; keep it above half its wal_sender_timeout.
+    #[arg(long, default_value_t = 60.0, value_parser = parse_timeout_secs)]
+    receive_timeout: f64,
     /// During a burst, let changes accumulate in the socket for up to this
     /// many milliseconds before waking (TCP on Linux; 0 reads eagerly).
     #[arg(long, default_value_t = 1.0, value_parser = parse_batch_wait)]
@@ -322,6 +328,9 @@ pub(crate) async fn run(
         .two_phase(a.two_phase)
         .messages(a.messages)
         .status_interval(Duration::from_secs_f64(a.status_interval.max(0.01)))
+        .receive_timeout(
+            (a.receive_timeout > 0.0).then(|| Duration::from_secs_f64(a.receive_timeout)),
+        )
         .read_coalesce(
             (a.batch_wait_ms > 0.0).then(|| Duration::from_secs_f64(a.batch_wait_ms / 1000.0)),
         );
@@ -466,4 +475,15 @@ pub(crate) async fn run(
         eprintln!();
     }
     Ok(stream.shutdown().await?)
+}
+
+/// A number of seconds, 0 or at least 0.1 (a shorter receive timeout would
+/// time out a live server between its keepalives).
+fn parse_timeout_secs(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v == 0.0 || (v.is_finite() && (0.1..=86_400.0).contains(&v)) => Ok(v),
+        _ => Err(format!(
+            "{s}: expected 0 (never) or seconds from 0.1 to 86400"
+        )),
+    }
 }

@@ -28,8 +28,9 @@ use broker::{read_all, Broker, Consumed};
 use futures_util::StreamExt;
 use pgwal::{CreateSlotOptions, Event, LogicalStream, Lsn, ReplicationClient, StreamConfig};
 use pgwal_kafka::keys::primary_key_query;
-use pgwal_kafka::{encode, DecimalMode, Format, KeyColumns, Routing, TxInfo};
+use pgwal_kafka::{encode, DecimalMode, Format, KeyColumns, Routing, TxInfo, TxOrder};
 use serde_json::Value;
+use support::netns::SilentNet;
 use support::{block_on, config, Cluster, Options};
 
 const TABLES: [&str; 4] = ["items", "docs", "scratch", "bulk"];
@@ -107,10 +108,25 @@ struct Sink {
 }
 
 fn start_sink(c: &Cluster, kafka: &[String], logs: &Path, n: usize, extra: &[&str]) -> Sink {
+    start_sink_in(None, &c.conninfo("postgres"), kafka, logs, n, extra)
+}
+
+/// The sink connecting with `conninfo`, inside `net`'s namespace if given.
+fn start_sink_in(
+    net: Option<&SilentNet>,
+    conninfo: &str,
+    kafka: &[String],
+    logs: &Path,
+    n: usize,
+    extra: &[&str],
+) -> Sink {
     let log = logs.join(format!("pgwal-{n}.log"));
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pgwal"));
+    let mut cmd = match net {
+        Some(net) => net.command(env!("CARGO_BIN_EXE_pgwal")),
+        None => Command::new(env!("CARGO_BIN_EXE_pgwal")),
+    };
     cmd.arg("-d")
-        .arg(format!("{} sslmode=disable", c.conninfo("postgres")))
+        .arg(format!("{conninfo} sslmode=disable"))
         .args([
             "stream",
             "-S",
@@ -132,7 +148,7 @@ fn start_sink(c: &Cluster, kafka: &[String], logs: &Path, n: usize, extra: &[&st
         .arg(logs)
         .args(kafka)
         .args(extra)
-        .env("PGWAL_LOG", "pgwal_kafka=info,librdkafka=warn")
+        .env("PGWAL_LOG", "pgwal=warn,pgwal_kafka=info,librdkafka=warn")
         .stdout(Stdio::null())
         .stderr(File::create(&log).unwrap());
     Sink {
@@ -308,6 +324,7 @@ fn reference(c: &Cluster, end: Lsn) -> Vec<Change> {
         let routing = Routing::new(PREFIX, "{prefix}.{schema}.{table}").unwrap();
         let format = debezium();
         let mut tx = None;
+        let mut order = TxOrder::new();
         let mut out = Vec::new();
         while let Some(e) = tokio::time::timeout(Duration::from_secs(60), s.next())
             .await
@@ -329,6 +346,7 @@ fn reference(c: &Cluster, end: Lsn) -> Vec<Change> {
             }
             if let Event::Begin(b) = &e {
                 tx = Some(TxInfo::new(b.xid, b.final_lsn, b.commit_time));
+                order = TxOrder::new();
             }
             if let Some(tx) = &tx {
                 for r in encode(
@@ -336,6 +354,7 @@ fn reference(c: &Cluster, end: Lsn) -> Vec<Change> {
                     &routing,
                     &keys,
                     tx,
+                    &mut order,
                     &e,
                     pgwal::protocol::PgTimestamp::now(),
                 )
@@ -489,39 +508,8 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize, secure: bool) {
     let _ = std::fs::remove_dir_all(&logs);
     std::fs::create_dir_all(&logs).unwrap();
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let load_over = Arc::new(AtomicBool::new(false));
-    let load = {
-        let stop = stop.clone();
-        let load_over = load_over.clone();
-        let mut psql = c.psql_command();
-        psql.args(["-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null());
-        std::thread::spawn(move || {
-            let mut r = 1;
-            let t0 = Instant::now();
-            // paced (at most 10 rounds a second, each about ten
-            // transactions and 500 row changes) and bounded: the faults end
-            // it, or 2000 rounds, or 10 minutes
-            while !stop.load(Ordering::SeqCst)
-                && r <= 2000
-                && t0.elapsed() < Duration::from_secs(600)
-            {
-                let round_start = Instant::now();
-                assert!(
-                    support::feed(&mut psql, &round_sql(r)).status.success(),
-                    "load round {r} failed"
-                );
-                r += 1;
-                std::thread::sleep(
-                    Duration::from_millis(100).saturating_sub(round_start.elapsed()),
-                );
-            }
-            load_over.store(true, Ordering::SeqCst);
-            r - 1
-        })
-    };
+    let load = Load::start(&c);
+    let load_over = load.over.clone();
 
     // no status updates until a graceful stop: every restart after a
     // SIGKILL receives again what Kafka already holds
@@ -565,8 +553,7 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize, secure: bool) {
         sink.wait_streaming();
         wait_progress(&b.addr, &sink, &load_over);
     }
-    stop.store(true, Ordering::SeqCst);
-    let load_rounds = load.join().unwrap();
+    let load_rounds = load.finish();
     let (ok, log) = sink.terminate();
     assert!(ok, "{label}: pgwal failed on SIGTERM:\n{log}");
     let ahead = count_in(&log, "starts ahead of the slot");
@@ -582,10 +569,80 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize, secure: bool) {
         .wait(Duration::from_secs(300));
     assert!(ok, "{label}: the catch-up run failed:\n{last_log}");
 
+    let (committed, uncommitted) = check_exactly_once(label, &c, &b.addr, end);
+    let _ = std::fs::remove_dir_all(&logs);
+    eprintln!(
+        "{label}: {load_rounds} load rounds, {} records read_committed, {} read_uncommitted \
+         (aborted Kafka transactions), 0 duplicates; {rounds} × (broker crash, walsender \
+         terminated, pgwal SIGKILLed); the last pgwal started ahead of the slot {ahead} times \
+         and restarted {restarts} times after Kafka errors, and committed {heartbeats} heartbeats",
+        committed, uncommitted
+    );
+}
+
+/// The paced load (round_sql), on its own thread until `finish`.
+struct Load {
+    stop: Arc<AtomicBool>,
+    /// Set when the load ended (stopped, or at its bound).
+    over: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl Load {
+    fn start(c: &Cluster) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let over = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            let load_over = over.clone();
+            let mut psql = c.psql_command();
+            psql.args(["-f", "-"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null());
+            std::thread::spawn(move || {
+                let mut r = 1;
+                let t0 = Instant::now();
+                // paced (at most 10 rounds a second, each about ten
+                // transactions and 500 row changes) and bounded: the
+                // test ends it, or 2000 rounds, or 10 minutes
+                while !stop.load(Ordering::SeqCst)
+                    && r <= 2000
+                    && t0.elapsed() < Duration::from_secs(600)
+                {
+                    let round_start = Instant::now();
+                    assert!(
+                        support::feed(&mut psql, &round_sql(r)).status.success(),
+                        "load round {r} failed"
+                    );
+                    r += 1;
+                    std::thread::sleep(
+                        Duration::from_millis(100).saturating_sub(round_start.elapsed()),
+                    );
+                }
+                load_over.store(true, Ordering::SeqCst);
+                r - 1
+            })
+        };
+        Load { stop, over, thread }
+    }
+
+    /// Stops the load; the number of rounds run.
+    fn finish(self) -> u64 {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.join().unwrap()
+    }
+}
+
+/// The verdicts on what Kafka at `addr` holds once the sink caught up to
+/// `end`: no record twice for a read_committed consumer, the records those
+/// of the reference stream, the copy built from them equal to the source,
+/// and the slot acknowledged up to Kafka's progress. Returns the numbers of
+/// records read committed and uncommitted.
+fn check_exactly_once(label: &str, c: &Cluster, addr: &str, end: Lsn) -> (usize, usize) {
     let topics: Vec<String> = TABLES.iter().map(|t| topic(t)).collect();
     let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
-    let committed = read_all(&b.addr, &topics, "read_committed");
-    let uncommitted = read_all(&b.addr, &topics, "read_uncommitted");
+    let committed = read_all(addr, &topics, "read_committed");
+    let uncommitted = read_all(addr, &topics, "read_uncommitted");
 
     let mut seen: HashMap<Change, u32> = HashMap::new();
     for r in &committed {
@@ -621,7 +678,7 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize, secure: bool) {
     );
 
     let mut expected: HashMap<Change, u32> = HashMap::new();
-    for ch in reference(&c, end) {
+    for ch in reference(c, end) {
         *expected.entry(ch).or_default() += 1;
     }
     let missing = expected.keys().filter(|k| !seen.contains_key(*k)).count();
@@ -631,28 +688,20 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize, secure: bool) {
         "{label}: {missing} changes of the reference stream not in Kafka, {extra} in Kafka not in it"
     );
     assert_eq!(seen, expected);
-    let diff = differences(&apply(&committed), &source(&c));
+    let diff = differences(&apply(&committed), &source(c));
     assert!(
         diff.is_empty(),
         "{label}: the copy differs from the source:\n{}",
         diff.join("\n")
     );
 
-    let kafka = kafka_progress(&b.addr).unwrap();
-    let confirmed = kslot_position(&c);
+    let kafka = kafka_progress(addr).unwrap();
+    let confirmed = kslot_position(c);
     assert!(
         confirmed >= kafka,
         "{label}: the slot ({confirmed}) was not acknowledged up to Kafka's progress ({kafka})"
     );
-    let _ = std::fs::remove_dir_all(&logs);
-    eprintln!(
-        "{label}: {load_rounds} load rounds, {} records read_committed, {} read_uncommitted \
-         (aborted Kafka transactions), 0 duplicates; {rounds} × (broker crash, walsender \
-         terminated, pgwal SIGKILLed); the last pgwal started ahead of the slot {ahead} times \
-         and restarted {restarts} times after Kafka errors, and committed {heartbeats} heartbeats",
-        committed.len(),
-        uncommitted.len()
-    );
+    (committed.len(), uncommitted.len())
 }
 
 #[test]
@@ -662,13 +711,13 @@ fn kafka_sink_exactly_once_across_crashes() {
         return;
     }
     for (label, bin) in support::servers() {
-        // two fault rounds on the patched 18 (the second starts from a
-        // sink that already recovered once), one round on 15 (pgoutput
-        // v3, without v4's parallel streaming); not on 17, whose v4 stream is
-        // 18's (the other tests run there)
+        // one fault round on the patched 18 and one on 15 (pgoutput v3,
+        // without v4's parallel streaming); not on 17, whose v4 stream is
+        // 18's (the other tests run there). On 18 the sink also recovers
+        // from silent peers, in kafka_sink_silent_peers.
         // 18's over TLS with SCRAM-SHA-512 (and zstd), 15's in plaintext
         let (rounds, secure) = match label {
-            "pg18" => (2, true),
+            "pg18" => (1, true),
             "pg17" => continue,
             _ => (1, false),
         };
@@ -986,4 +1035,152 @@ fn kafka_sink_secure_listeners_and_their_refusals() {
         );
     }
     let _ = std::fs::remove_dir_all(&logs);
+}
+
+/// Waits up to `limit` for `what` to appear in the sink's log after its
+/// `before` first bytes; how long it took.
+fn wait_for_log(sink: &Sink, before: usize, what: &str, limit: Duration) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        let log = sink.log();
+        if log.get(before..).is_some_and(|l| l.contains(what)) {
+            return t0.elapsed();
+        }
+        assert!(
+            t0.elapsed() < limit,
+            "pgwal's log did not say {what:?} within {limit:?}:\n{}",
+            log.get(before..).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Silent peers: PostgreSQL, then the broker, vanish without a reset (the
+/// link to each is cut: packets are dropped, nothing answers), while the
+/// load runs on. pgwal must notice each within its bound (the replication
+/// connection's receive timeout; the Kafka call timeout), reconnect once
+/// the link heals, and Kafka must end up with every change exactly once.
+#[test]
+fn kafka_sink_silent_peers() {
+    if !broker::have_java() {
+        eprintln!("NOTICE: no java; the Kafka silent-peer test is skipped");
+        return;
+    }
+    if !support::is_root() {
+        eprintln!("NOTICE: not root, no network namespaces; the Kafka silent-peer test is skipped");
+        return;
+    }
+    let Some((label, bin)) = support::servers().into_iter().last() else {
+        panic!("no server");
+    };
+    let _one = one_broker();
+    let net = SilentNet::new("silent", 2);
+    let (to_pg, to_kafka) = (0, 1);
+    let pg_addr = net.links[to_pg].host_addr.clone();
+    let from = net.links[to_pg].ns_addr.clone();
+    let b = Broker::start_on(label, &net.links[to_kafka].host_addr);
+    let kafka = broker::sink_args(&b.addr, &[]);
+    let c = Cluster::start(
+        label,
+        &bin,
+        Options {
+            conf: vec![
+                format!("listen_addresses = '127.0.0.1,{pg_addr}'"),
+                "logical_decoding_work_mem = '64kB'".into(),
+                // the walsender of a vanished pgwal holds the slot until
+                // it notices; PostgreSQL's default is 60 s
+                "wal_sender_timeout = '10s'".into(),
+            ],
+            hba: vec![
+                format!("host all all {from}/32 trust"),
+                format!("host replication all {from}/32 trust"),
+            ],
+            ..Options::default()
+        },
+    );
+    c.psql(SETUP);
+    block_on(async {
+        let mut rc = ReplicationClient::connect(&config(&c, "postgres"))
+            .await
+            .unwrap();
+        for slot in ["ref", "kslot"] {
+            rc.create_logical_slot(slot, &CreateSlotOptions::new())
+                .await
+                .unwrap();
+        }
+    });
+    let logs =
+        std::env::temp_dir().join(format!("pgwal-kafka-silent-{label}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&logs);
+    std::fs::create_dir_all(&logs).unwrap();
+
+    let load = Load::start(&c);
+    let receive_timeout = 4.0;
+    let kafka_timeout = 10.0;
+    let args = [
+        "--receive-timeout",
+        "4",
+        "--kafka-timeout-secs",
+        "10",
+        "--kafka-heartbeat-secs",
+        "0.5",
+    ];
+    let conninfo = format!(
+        "host={pg_addr} port={} user=postgres dbname=postgres connect_timeout=3 \
+         keepalives_idle=5 keepalives_interval=1 keepalives_count=3",
+        c.port
+    );
+    let sink = start_sink_in(Some(&net), &conninfo, &kafka, &logs, 0, &args);
+    sink.wait_streaming();
+    wait_progress(&b.addr, &sink, &load.over);
+
+    // PostgreSQL falls silent: the receive timeout ends the session
+    let before = sink.log().len();
+    net.cut(to_pg);
+    let noticed_pg = wait_for_log(
+        &sink,
+        before,
+        "(receive timeout)",
+        Duration::from_secs_f64(receive_timeout * 4.0),
+    );
+    std::thread::sleep(Duration::from_secs(8));
+    net.heal(to_pg);
+    let healed = Instant::now();
+    wait_progress(&b.addr, &sink, &load.over);
+    let resumed_pg = healed.elapsed();
+
+    // the broker falls silent: a Kafka call times out, the sink starts over
+    let before = sink.log().len();
+    net.cut(to_kafka);
+    let noticed_kafka = wait_for_log(
+        &sink,
+        before,
+        "Kafka failed; starting over",
+        Duration::from_secs_f64(kafka_timeout * 4.0),
+    );
+    std::thread::sleep(Duration::from_secs(5));
+    net.heal(to_kafka);
+    let healed = Instant::now();
+    wait_progress(&b.addr, &sink, &load.over);
+    let resumed_kafka = healed.elapsed();
+
+    let load_rounds = load.finish();
+    let (ok, log) = sink.terminate();
+    assert!(ok, "{label}: pgwal failed on SIGTERM:\n{log}");
+    for l in log.lines().filter(|l| l.contains(" WARN ")) {
+        eprintln!("{label}: pgwal: {l}");
+    }
+    let end: Lsn = c.query("SELECT pg_current_wal_lsn()").parse().unwrap();
+    let (ok, last_log) = start_sink(&c, &kafka, &logs, 1, &["--stop-lsn", &end.to_string()])
+        .wait(Duration::from_secs(300));
+    assert!(ok, "{label}: the catch-up run failed:\n{last_log}");
+    let (committed, _) = check_exactly_once(label, &c, &b.addr, end);
+    let _ = std::fs::remove_dir_all(&logs);
+    eprintln!(
+        "{label}: {load_rounds} load rounds, {committed} records, 0 duplicates; PostgreSQL's link \
+         cut: noticed after {noticed_pg:.1?} (receive timeout {receive_timeout} s), streaming \
+         {resumed_pg:.1?} after the link healed; the broker's link cut: noticed after \
+         {noticed_kafka:.1?} (Kafka timeout {kafka_timeout} s), streaming {resumed_kafka:.1?} \
+         after it healed"
+    );
 }

@@ -106,6 +106,10 @@ impl ClientContext for Context {
 
     fn error(&self, error: KafkaError, reason: &str) {
         let code = error.rdkafka_error_code();
+        // a progress reader reached the end of its partition: no error
+        if code == Some(RDKafkaErrorCode::PartitionEOF) {
+            return;
+        }
         let mut e = self.errors.lock().expect("not poisoned");
         if is_refusal(code, reason) {
             e.refused = Some(reason.to_owned());

@@ -6,6 +6,8 @@ mod temporal;
 
 use pgwal::protocol::pgoutput::{ColumnValue, Relation};
 use pgwal::{Event, Row};
+use std::collections::HashMap;
+
 use pgwal_protocol::{Lsn, PgTimestamp};
 use serde_json::{json, Map, Value};
 
@@ -73,6 +75,38 @@ impl TxInfo {
             commit_lsn,
             commit_time,
         }
+    }
+}
+
+/// Where each record stands in its transaction, as Debezium's transaction
+/// block gives it: `total_order` counts the transaction's records (not
+/// tombstones) from 1, `data_collection_order` those of the record's table.
+/// One per transaction, made anew at each `Begin`.
+#[derive(Debug, Default, Clone)]
+pub struct TxOrder {
+    total: u64,
+    by_table: HashMap<String, HashMap<String, u64>>,
+}
+
+impl TxOrder {
+    /// An empty count.
+    pub fn new() -> TxOrder {
+        TxOrder::default()
+    }
+
+    /// The orders of the next record, of table `schema.table`.
+    pub fn next(&mut self, schema: &str, table: &str) -> (u64, u64) {
+        self.total += 1;
+        let tables = match self.by_table.get_mut(schema) {
+            Some(t) => t,
+            None => self.by_table.entry(schema.to_owned()).or_default(),
+        };
+        let n = match tables.get_mut(table) {
+            Some(n) => n,
+            None => tables.entry(table.to_owned()).or_default(),
+        };
+        *n += 1;
+        (self.total, *n)
     }
 }
 
@@ -240,12 +274,14 @@ fn bytes(v: &Value) -> Vec<u8> {
 /// tables; see [`KeyColumns`]). `now` becomes Debezium's top-level `ts_ms`.
 ///
 /// ```
-/// use pgwal_kafka::{encode, Format, KeyColumns, Routing, TxInfo};
+/// use pgwal_kafka::{encode, Format, KeyColumns, Routing, TxInfo, TxOrder};
 /// # fn f(event: &pgwal::Event) -> Result<(), Box<dyn std::error::Error>> {
 /// let routing = Routing::new("app", "{prefix}.{schema}.{table}")?;
 /// let keys = KeyColumns::new();
 /// let tx = TxInfo::new(740, "0/16B3748".parse()?, pgwal::protocol::PgTimestamp::now());
-/// for r in encode(&Format::Pgwal, &routing, &keys, &tx, event, pgwal::protocol::PgTimestamp::now())? {
+/// // one per transaction: where each record stands in it
+/// let mut order = TxOrder::new();
+/// for r in encode(&Format::Pgwal, &routing, &keys, &tx, &mut order, event, pgwal::protocol::PgTimestamp::now())? {
 ///     println!("{} {:?}", r.topic, r.value.map(String::from_utf8));
 /// }
 /// # Ok(()) }
@@ -255,6 +291,7 @@ pub fn encode(
     routing: &Routing,
     keys: &KeyColumns,
     tx: &TxInfo,
+    order: &mut TxOrder,
     event: &Event,
     now: PgTimestamp,
 ) -> Result<Vec<Record>, FormatError> {
@@ -268,7 +305,7 @@ pub fn encode(
                 .iter()
                 .map(|r| {
                     let value = match format {
-                        Format::Pgwal => pgwal_envelope("truncate", r, tx, None, None, None),
+                        Format::Pgwal => pgwal_envelope("truncate", r, tx, t.lsn, None, None, None),
                         Format::Debezium {
                             server_name,
                             database,
@@ -278,6 +315,7 @@ pub fn encode(
                             "t",
                             r,
                             tx,
+                            (t.lsn, order.next(&r.namespace, &r.name)),
                             Value::Null,
                             Value::Null,
                             now,
@@ -331,40 +369,43 @@ pub fn encode(
         }
     );
     let mut out = Vec::new();
-    let record = |op: &str, key: &Option<Value>, before: Option<Value>, after: Option<Value>| {
-        let value = match format {
-            Format::Pgwal => pgwal_envelope(
-                match op {
-                    "c" => "insert",
-                    "u" => "update",
-                    _ => "delete",
-                },
-                rel,
-                tx,
-                key.clone(),
-                before.filter(|_| !change.old_is_key),
-                after,
-            ),
-            Format::Debezium {
-                server_name,
-                database,
-                ..
-            } => debezium::envelope(
-                (server_name, database),
-                op,
-                rel,
-                tx,
-                before.unwrap_or(Value::Null),
-                after.unwrap_or(Value::Null),
-                now,
-            ),
+    let mut record =
+        |op: &str, key: &Option<Value>, before: Option<Value>, after: Option<Value>| {
+            let value = match format {
+                Format::Pgwal => pgwal_envelope(
+                    match op {
+                        "c" => "insert",
+                        "u" => "update",
+                        _ => "delete",
+                    },
+                    rel,
+                    tx,
+                    change.lsn,
+                    key.clone(),
+                    before.filter(|_| !change.old_is_key),
+                    after,
+                ),
+                Format::Debezium {
+                    server_name,
+                    database,
+                    ..
+                } => debezium::envelope(
+                    (server_name, database),
+                    op,
+                    rel,
+                    tx,
+                    (change.lsn, order.next(&rel.namespace, &rel.name)),
+                    before.unwrap_or(Value::Null),
+                    after.unwrap_or(Value::Null),
+                    now,
+                ),
+            };
+            Record {
+                topic: topic.clone(),
+                key: key.as_ref().map(bytes),
+                value: Some(bytes(&value)),
+            }
         };
-        Record {
-            topic: topic.clone(),
-            key: key.as_ref().map(bytes),
-            value: Some(bytes(&value)),
-        }
-    };
     let key_changed = op == "u" && old_key.is_some() && old_key != new_key;
     if key_changed && matches!(format, Format::Debezium { .. }) {
         // Debezium: a key change is a delete of the old key and a create
@@ -395,6 +436,7 @@ fn pgwal_envelope(
     kind: &str,
     rel: &Relation,
     tx: &TxInfo,
+    lsn: Lsn,
     key: Option<Value>,
     old: Option<Value>,
     new: Option<Value>,
@@ -403,6 +445,7 @@ fn pgwal_envelope(
         "type": kind,
         "schema": rel.namespace,
         "table": rel.name,
+        "lsn": lsn.to_string(),
         "xid": tx.xid,
         "commit_lsn": tx.commit_lsn.to_string(),
         "commit_time": tx.commit_time.to_iso8601(),
@@ -421,9 +464,17 @@ fn pgwal_envelope(
 
 /// Writes a transaction's commit fields into a record value encoded before
 /// its commit was known (a streamed transaction's changes arrive first):
-/// pgwal's `commit_lsn` and `commit_time`, Debezium's `source.lsn` and
-/// `source.ts_ms`. The value must be one that [`encode`] wrote for `format`.
-pub fn stamp(format: &Format, value: &[u8], tx: &TxInfo) -> Result<Vec<u8>, serde_json::Error> {
+/// pgwal's `xid`, `commit_lsn` and `commit_time`; Debezium's `source.txId`,
+/// `source.ts_ms`, `source.sequence` and transaction block, its orders
+/// counted again by `order` (records of aborted subtransactions were
+/// dropped since they were encoded). The value must be one that [`encode`]
+/// wrote for `format`; stamp a transaction's records in their order.
+pub fn stamp(
+    format: &Format,
+    value: &[u8],
+    tx: &TxInfo,
+    order: &mut TxOrder,
+) -> Result<Vec<u8>, serde_json::Error> {
     let mut v: Value = serde_json::from_slice(value)?;
     match format {
         Format::Pgwal => {
@@ -431,7 +482,7 @@ pub fn stamp(format: &Format, value: &[u8], tx: &TxInfo) -> Result<Vec<u8>, serd
             v["commit_lsn"] = json!(tx.commit_lsn.to_string());
             v["commit_time"] = json!(tx.commit_time.to_iso8601());
         }
-        Format::Debezium { .. } => debezium::stamp(&mut v, tx),
+        Format::Debezium { .. } => debezium::stamp(&mut v, tx, order),
     }
     serde_json::to_vec(&v)
 }

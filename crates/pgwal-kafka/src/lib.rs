@@ -21,7 +21,7 @@ pub mod routing;
 pub mod sink;
 mod spill;
 
-pub use format::{encode, DecimalMode, Format, Record, TxInfo};
+pub use format::{encode, DecimalMode, Format, Record, TxInfo, TxOrder};
 pub use keys::{KeyColumns, KeyColumnsError};
 pub use routing::{Routing, RoutingError};
 pub use sink::{run, SinkConfig, SinkError, SinkStats};

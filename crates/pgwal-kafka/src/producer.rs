@@ -140,6 +140,7 @@ impl KafkaProducer {
     /// earlier producer with the same id.
     pub async fn connect(config: ProducerConfig) -> Result<KafkaProducer, ProducerError> {
         let mut cc = ClientConfig::new();
+        liveness(&mut cc, config.timeout);
         cc.set("bootstrap.servers", &config.brokers)
             .set("transaction.timeout.ms", "300000")
             .set("linger.ms", "5")
@@ -328,6 +329,7 @@ async fn ensure_progress_topic(
 /// The brokers and the user's client options, for the helper clients.
 fn client_config(cfg: &ProducerConfig) -> ClientConfig {
     let mut cc = ClientConfig::new();
+    liveness(&mut cc, cfg.timeout);
     cc.set("bootstrap.servers", &cfg.brokers);
     for (k, v) in &cfg.client_options {
         cc.set(k, v);
@@ -412,4 +414,19 @@ fn read_progress(cfg: &ProducerConfig, context: &Context) -> Result<Option<Lsn>,
             });
         }
     }
+}
+
+/// Defaults that notice a broker gone silent (its host or network vanished
+/// without a reset), before the user's options, which may override them:
+/// TCP keepalives, and requests that time out (then librdkafka drops the
+/// connection and connects again) after the call timeout rather than
+/// librdkafka's 60 s.
+fn liveness(cc: &mut ClientConfig, timeout: Duration) {
+    let ms = timeout.as_millis().clamp(10, 300_000).to_string();
+    cc.set("socket.keepalive.enable", "true")
+        .set("socket.timeout.ms", &ms)
+        .set(
+            "socket.connection.setup.timeout.ms",
+            timeout.as_millis().clamp(1000, 300_000).to_string(),
+        );
 }

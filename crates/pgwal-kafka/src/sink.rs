@@ -48,7 +48,7 @@ use futures_util::StreamExt;
 use pgwal::{Config, Event, LogicalStream, Lsn, ReplicationClient, StreamConfig};
 use pgwal_protocol::PgTimestamp;
 
-use crate::format::{encode, stamp, Format, FormatError, Record, TxInfo};
+use crate::format::{encode, stamp, Format, FormatError, Record, TxInfo, TxOrder};
 use crate::keys::{primary_key_query, KeyColumns};
 use crate::producer::{KafkaProducer, ProducerConfig, ProducerError};
 use crate::progress;
@@ -310,6 +310,8 @@ struct Session<'a> {
     batch_since: Option<tokio::time::Instant>,
     /// The non-streamed transaction being read, unless it is skipped.
     current: Option<TxInfo>,
+    /// Where the current transaction's records stand in it.
+    order: TxOrder,
     skip_current: bool,
     /// Streamed transactions in progress, and the one whose block is open.
     streamed: HashMap<u32, Spill>,
@@ -330,6 +332,8 @@ struct Session<'a> {
     keys: KeyColumns,
     pg: Option<Config>,
     catalog: Option<ReplicationClient>,
+    /// The stream's receive timeout, which bounds each lookup too.
+    lookup_timeout: Option<Duration>,
 }
 
 type Commit = std::pin::Pin<Box<dyn Future<Output = Result<(), ProducerError>> + Send>>;
@@ -344,6 +348,7 @@ impl<'a> Session<'a> {
             batch_bytes: 0,
             batch_since: None,
             current: None,
+            order: TxOrder::new(),
             skip_current: false,
             streamed: HashMap::new(),
             block: None,
@@ -357,28 +362,54 @@ impl<'a> Session<'a> {
             keys: sink.key_columns.clone(),
             pg: None,
             catalog: None,
+            lookup_timeout: None,
         }
     }
 
     /// The primary key columns of the table `oid`, in key order (empty: it
-    /// has none), from the catalog as it is now.
+    /// has none), from the catalog as it is now. A connection that broke
+    /// while idle (the server restarted, TCP keepalives found the peer
+    /// gone) is made anew once.
     async fn primary_key(&mut self, oid: u32) -> Result<Vec<String>, pgwal::Error> {
-        if self.catalog.is_none() {
-            let pg = self.pg.as_ref().expect("set when the session starts");
-            self.catalog = Some(ReplicationClient::connect_sql(pg).await?);
+        match self.primary_key_once(oid).await {
+            Err(e) if e.is_transient() => {
+                tracing::debug!(error = %e, "catalog connection broken; connecting again");
+                self.primary_key_once(oid).await
+            }
+            r => r,
         }
-        let client = self.catalog.as_mut().expect("just connected");
-        match client.simple_query(&primary_key_query(oid)).await {
-            Ok(rows) => Ok(rows
+    }
+
+    /// One lookup, bounded by the stream's receive timeout.
+    async fn primary_key_once(&mut self, oid: u32) -> Result<Vec<String>, pgwal::Error> {
+        let limit = self.lookup_timeout;
+        let lookup = async {
+            if self.catalog.is_none() {
+                let pg = self.pg.as_ref().expect("set when the session starts");
+                self.catalog = Some(ReplicationClient::connect_sql(pg).await?);
+            }
+            let client = self.catalog.as_mut().expect("just connected");
+            let rows = client.simple_query(&primary_key_query(oid)).await?;
+            Ok(rows
                 .iter()
                 .filter_map(|r| r.get("attname").map(str::to_owned))
-                .collect()),
-            Err(e) => {
-                // a broken connection is made anew at the next lookup
-                self.catalog = None;
-                Err(e)
-            }
+                .collect())
+        };
+        let r =
+            match limit {
+                Some(t) => tokio::time::timeout(t, lookup).await.unwrap_or(Err(
+                    pgwal::Error::ReceiveTimeout {
+                        after: t,
+                        waiting_for: "a primary key lookup",
+                    },
+                )),
+                None => lookup.await,
+            };
+        if r.is_err() {
+            // a broken connection is made anew at the next lookup
+            self.catalog = None;
         }
+        r
     }
 
     fn kafka(&self, e: ProducerError) -> Failure {
@@ -393,6 +424,7 @@ impl<'a> Session<'a> {
         stop: &mut (impl Future<Output = ()> + Unpin),
     ) -> Result<(), Failure> {
         self.pg = Some(pg.clone());
+        self.lookup_timeout = stream_cfg.receive_timeout;
         // a stop before streaming began leaves nothing to finish
         let mut producer = tokio::select! {
             p = KafkaProducer::connect(pcfg.clone()) => p.map_err(|e| self.kafka(e))?,
@@ -496,6 +528,7 @@ impl<'a> Session<'a> {
             Event::Begin(b) => {
                 self.skip_current = b.final_lsn < self.written;
                 self.current = Some(TxInfo::new(b.xid, b.final_lsn, b.commit_time));
+                self.order = TxOrder::new();
             }
             Event::Insert(c) | Event::Update(c) | Event::Delete(c) => {
                 self.change(c.xid, &event, producer).await?;
@@ -549,11 +582,14 @@ impl<'a> Session<'a> {
                     return Ok(());
                 }
                 let tx = TxInfo::new(c.xid, c.commit_lsn, c.commit_time);
+                let mut order = TxOrder::new();
                 let mut records = spill.into_reader().await?;
                 while let Some(mut r) = records.next().await? {
                     if let Some(v) = &r.value {
-                        r.value =
-                            Some(stamp(&self.sink.format, v, &tx).map_err(std::io::Error::other)?);
+                        r.value = Some(
+                            stamp(&self.sink.format, v, &tx, &mut order)
+                                .map_err(std::io::Error::other)?,
+                        );
                     }
                     self.send(&r, producer).await?;
                 }
@@ -607,11 +643,13 @@ impl<'a> Session<'a> {
         if let (Some(top), Some(sub)) = (self.block, xid) {
             // the commit's fields are stamped in at the commit
             let tx = TxInfo::new(top, Lsn(0), PgTimestamp(0));
+            // the orders too are counted again at the commit
             let records = encode(
                 &self.sink.format,
                 &self.sink.routing,
                 &self.keys,
                 &tx,
+                &mut TxOrder::new(),
                 event,
                 now,
             )?;
@@ -637,6 +675,7 @@ impl<'a> Session<'a> {
             &self.sink.routing,
             &self.keys,
             &tx,
+            &mut self.order,
             event,
             now,
         )? {

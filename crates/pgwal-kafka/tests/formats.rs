@@ -14,7 +14,7 @@ use futures_util::StreamExt;
 use pgwal::{CreateSlotOptions, Event, LogicalStream, Lsn, ReplicationClient, StreamConfig};
 use pgwal_kafka::format::FormatError;
 use pgwal_kafka::keys::primary_key_query;
-use pgwal_kafka::{encode, DecimalMode, Format, KeyColumns, Record, Routing, TxInfo};
+use pgwal_kafka::{encode, DecimalMode, Format, KeyColumns, Record, Routing, TxInfo, TxOrder};
 use serde_json::{json, Value};
 use support::{block_on, config, Cluster, Options};
 
@@ -74,10 +74,19 @@ fn records_keyed(
                 }
                 Event::Commit(commit) => {
                     let tx = TxInfo::new(1, commit.commit_lsn, commit.commit_time);
+                    let mut order = TxOrder::new();
                     for e in pending.drain(..) {
                         out.push(
-                            encode(format, &routing, &keys, &tx, &e, commit.commit_time)
-                                .map_err(|e: FormatError| e.to_string()),
+                            encode(
+                                format,
+                                &routing,
+                                &keys,
+                                &tx,
+                                &mut order,
+                                &e,
+                                commit.commit_time,
+                            )
+                            .map_err(|e: FormatError| e.to_string()),
                         );
                     }
                 }
@@ -308,6 +317,76 @@ fn full_identity_tables_are_keyed_by_their_primary_key() {
             errs.iter()
                 .any(|e| e.contains("public.nopk") && e.contains("\"missing\"")),
             "{label}: {errs:?}"
+        );
+    }
+}
+
+/// Each record carries its change's own WAL position, the commit's in
+/// `source.sequence`, and Debezium's transaction block: the transaction's
+/// id and the record's place in it, overall and within its table.
+#[test]
+fn each_record_carries_its_position_and_its_place_in_the_transaction() {
+    let Some((label, bin)) = support::servers().into_iter().last() else {
+        panic!("no server");
+    };
+    let c = Cluster::start(label, &bin, Options::default());
+    c.psql(SETUP);
+    c.psql("CREATE TABLE u (id int PRIMARY KEY); ALTER PUBLICATION p ADD TABLE u;");
+    let recs = records(
+        &c,
+        "BEGIN;
+         INSERT INTO t (id) VALUES (1);
+         INSERT INTO u VALUES (1);
+         INSERT INTO t (id) VALUES (2);
+         UPDATE u SET id = 2;
+         COMMIT;",
+        &debezium(false),
+    );
+    let values: Vec<Value> = recs
+        .into_iter()
+        .flat_map(|r| r.unwrap())
+        .map(|r| json_of(&r.value))
+        .collect();
+    let seen: Vec<(&str, &str, u64, u64)> = values
+        .iter()
+        .map(|v| {
+            (
+                v["source"]["table"].as_str().unwrap(),
+                v["op"].as_str().unwrap(),
+                v["transaction"]["total_order"].as_u64().unwrap(),
+                v["transaction"]["data_collection_order"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("t", "c", 1, 1),
+            ("u", "c", 2, 1),
+            ("t", "c", 3, 2),
+            // the key change: a delete and a create, of one WAL record
+            ("u", "d", 4, 2),
+            ("u", "c", 5, 3),
+        ],
+        "{label}"
+    );
+    let lsns: Vec<u64> = values
+        .iter()
+        .map(|v| v["source"]["lsn"].as_u64().unwrap())
+        .collect();
+    assert!(
+        lsns[0] < lsns[1] && lsns[1] < lsns[2] && lsns[2] < lsns[3] && lsns[3] == lsns[4],
+        "{label}: change positions {lsns:?}"
+    );
+    let id = values[0]["transaction"]["id"].as_str().unwrap().to_owned();
+    let commit: u64 = id.split_once(':').unwrap().1.parse().unwrap();
+    assert!(commit > lsns[4], "{label}: commit {commit} before a change");
+    for (v, lsn) in values.iter().zip(&lsns) {
+        assert_eq!(v["transaction"]["id"], id.as_str(), "{label}");
+        assert_eq!(
+            v["source"]["sequence"],
+            format!("[\"{commit}\",\"{lsn}\"]"),
+            "{label}"
         );
     }
 }

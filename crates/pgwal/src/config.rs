@@ -167,6 +167,23 @@ pub struct Config {
     pub application_name: Option<String>,
     /// Connect timeout.
     pub connect_timeout: Option<Duration>,
+    /// TCP keepalive probes on the connection (`keepalives`, default on as
+    /// in libpq). With the kernel's defaults the first probe goes out after
+    /// two hours of silence; `keepalives_idle`, `keepalives_interval` and
+    /// `keepalives_count` shorten that. A replication stream is watched by
+    /// its own receive timeout too (see
+    /// [`StreamConfig::receive_timeout`](crate::StreamConfig::receive_timeout)).
+    pub keepalives: bool,
+    /// Idle time before the first keepalive probe (`keepalives_idle`).
+    pub keepalives_idle: Option<Duration>,
+    /// Time between unanswered probes (`keepalives_interval`).
+    pub keepalives_interval: Option<Duration>,
+    /// Unanswered probes before the connection is dropped (`keepalives_count`).
+    pub keepalives_count: Option<u32>,
+    /// How long sent data may stay unacknowledged by the peer before the
+    /// kernel drops the connection (`tcp_user_timeout`, Linux only; ignored
+    /// elsewhere, as by libpq).
+    pub tcp_user_timeout: Option<Duration>,
     /// Password file.
     pub passfile: Option<PathBuf>,
     /// The hosts after the first of a multi-host string (`host=a,b,c
@@ -195,6 +212,11 @@ struct Raw {
     channel_binding: Option<String>,
     application_name: Option<String>,
     connect_timeout: Option<String>,
+    keepalives: Option<String>,
+    keepalives_idle: Option<String>,
+    keepalives_interval: Option<String>,
+    keepalives_count: Option<String>,
+    tcp_user_timeout: Option<String>,
     passfile: Option<String>,
     target_session_attrs: Option<String>,
 }
@@ -213,6 +235,11 @@ impl Raw {
             "channel_binding" => &mut self.channel_binding,
             "application_name" => &mut self.application_name,
             "connect_timeout" => &mut self.connect_timeout,
+            "keepalives" => &mut self.keepalives,
+            "keepalives_idle" => &mut self.keepalives_idle,
+            "keepalives_interval" => &mut self.keepalives_interval,
+            "keepalives_count" => &mut self.keepalives_count,
+            "tcp_user_timeout" => &mut self.tcp_user_timeout,
             "passfile" => &mut self.passfile,
             "target_session_attrs" => &mut self.target_session_attrs,
             // Accepted and ignored: set by this library itself.
@@ -505,6 +532,33 @@ impl Config {
             }
             None => None,
         };
+        // libpq: an integer, 0 meaning off (keepalives) or the system's
+        // default (the others); tcp_user_timeout is in milliseconds.
+        let number = |key: &str, v: Option<String>| -> Result<Option<u64>> {
+            v.map(|v| {
+                v.trim().parse::<u64>().map_err(|_| Error::Config {
+                    key: format!("{key}={v}"),
+                    reason: "not a non-negative integer",
+                })
+            })
+            .transpose()
+        };
+        let keepalives = !matches!(number("keepalives", r.keepalives)?, Some(0));
+        let secs = |n: Option<u64>| n.filter(|&n| n > 0).map(Duration::from_secs);
+        let keepalives_idle = secs(number("keepalives_idle", r.keepalives_idle)?);
+        let keepalives_interval = secs(number("keepalives_interval", r.keepalives_interval)?);
+        let keepalives_count = match number("keepalives_count", r.keepalives_count)? {
+            Some(n) if n > i32::MAX as u64 => {
+                return Err(Error::Config {
+                    key: format!("keepalives_count={n}"),
+                    reason: "too large",
+                })
+            }
+            n => n.filter(|&n| n > 0).map(|n| n as u32),
+        };
+        let tcp_user_timeout = number("tcp_user_timeout", r.tcp_user_timeout)?
+            .filter(|&n| n > 0)
+            .map(Duration::from_millis);
         Ok(Config {
             host,
             port,
@@ -520,6 +574,11 @@ impl Config {
             channel_binding,
             application_name: r.application_name.or_else(|| env("PGAPPNAME")),
             connect_timeout,
+            keepalives,
+            keepalives_idle,
+            keepalives_interval,
+            keepalives_count,
+            tcp_user_timeout,
             passfile: r.passfile.or_else(|| env("PGPASSFILE")).map(PathBuf::from),
             alternate_hosts,
             target_session_attrs,
@@ -628,6 +687,34 @@ mod tests {
         assert!(Config::parse("bogus=1").is_err());
         assert!(Config::parse("password='open").is_err());
         assert!(Config::parse("port=notaport").is_err());
+    }
+
+    #[test]
+    fn keepalive_keywords() {
+        let c = Config::parse("host=h").unwrap();
+        assert!(c.keepalives);
+        assert_eq!(c.keepalives_idle, None);
+        assert_eq!(c.tcp_user_timeout, None);
+        let c = Config::parse(
+            "host=h keepalives=1 keepalives_idle=5 keepalives_interval=2 keepalives_count=3 \
+             tcp_user_timeout=1500",
+        )
+        .unwrap();
+        assert_eq!(c.keepalives_idle, Some(Duration::from_secs(5)));
+        assert_eq!(c.keepalives_interval, Some(Duration::from_secs(2)));
+        assert_eq!(c.keepalives_count, Some(3));
+        assert_eq!(c.tcp_user_timeout, Some(Duration::from_millis(1500)));
+        // 0: off (keepalives), the system's default (the others)
+        let c = Config::parse("postgres://h/d?keepalives=0&keepalives_idle=0").unwrap();
+        assert!(!c.keepalives);
+        assert_eq!(c.keepalives_idle, None);
+        for bad in [
+            "keepalives=yes",
+            "keepalives_idle=-1",
+            "keepalives_count=99999999999",
+        ] {
+            assert!(Config::parse(&format!("host=h {bad}")).is_err(), "{bad}");
+        }
     }
 
     #[test]

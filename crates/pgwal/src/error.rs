@@ -153,6 +153,16 @@ pub enum Error {
     },
     /// The stream was closed.
     Closed,
+    /// The server sent nothing, not even a keepalive it was asked for, for
+    /// the configured receive timeout (or the connection's setup took
+    /// longer): the server, its host or the network is gone without a
+    /// reset. Transient: a retrying stream reconnects.
+    ReceiveTimeout {
+        /// The timeout.
+        after: std::time::Duration,
+        /// What was awaited, e.g. "the replication stream".
+        waiting_for: &'static str,
+    },
     /// A file operation in the WAL directory failed (missing directory, no
     /// write permission, disk full...). What is already in the directory
     /// stays valid: complete segments are never modified and a `.partial`
@@ -292,6 +302,11 @@ impl fmt::Display for Error {
                 write!(f, "gave up after {attempts} attempts: {last}")
             }
             Error::Closed => write!(f, "stream closed"),
+            Error::ReceiveTimeout { after, waiting_for } => write!(
+                f,
+                "nothing received from the server for {after:?} while waiting for {waiting_for} \
+                 (receive timeout): the server, its host or the network is unreachable"
+            ),
             Error::WalDir { path, op, source } => {
                 write!(f, "cannot {op} {}: {source}", path.display())
             }
@@ -387,7 +402,10 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         match self {
             // a failover in progress: a standby is about to be promoted
-            Error::Io(_) | Error::Closed | Error::NoSuitableServer { .. } => true,
+            Error::Io(_)
+            | Error::Closed
+            | Error::ReceiveTimeout { .. }
+            | Error::NoSuitableServer { .. } => true,
             Error::Db(e) => e.is_transient(),
             _ => false,
         }

@@ -66,6 +66,13 @@ impl Row {
 pub struct Change {
     /// The (sub)transaction xid, for changes of a streamed transaction.
     pub xid: Option<u32>,
+    /// The change's own WAL position (the walsender sends each change at
+    /// the position of its WAL record). Changes of one transaction come in
+    /// increasing positions; across transactions they do not (transactions
+    /// come in commit order, their records interleave in the WAL), so
+    /// order by (commit position, this) to order changes as the stream
+    /// delivers them.
+    pub lsn: Lsn,
     /// The table.
     pub relation: Arc<Relation>,
     /// Old image: the key only, or the full row with `REPLICA IDENTITY FULL`.
@@ -84,6 +91,8 @@ pub struct Change {
 pub struct TruncateEvent {
     /// The (sub)transaction xid, in a streamed transaction.
     pub xid: Option<u32>,
+    /// The truncate's WAL position (see [`Change::lsn`]).
+    pub lsn: Lsn,
     /// 1 = CASCADE, 2 = RESTART IDENTITY.
     pub options: u8,
     /// The tables.
@@ -151,6 +160,16 @@ pub enum Event {
 }
 
 impl Event {
+    /// Sets a row change's or truncate's own position from the XLogData
+    /// that carried it.
+    pub(crate) fn set_wal_position(&mut self, lsn: Lsn) {
+        match self {
+            Event::Insert(c) | Event::Update(c) | Event::Delete(c) => c.lsn = lsn,
+            Event::Truncate(t) => t.lsn = lsn,
+            _ => {}
+        }
+    }
+
     /// The position to acknowledge once this event, and everything before
     /// it, is durably processed; `None` for events that end nothing.
     pub fn ack_lsn(&self) -> Option<Lsn> {

@@ -47,6 +47,7 @@ mod physical_stream;
 mod progress;
 mod relations;
 mod retry;
+mod silence;
 mod slot_state;
 pub mod snapshot;
 mod socket;

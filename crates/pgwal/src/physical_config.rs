@@ -56,6 +56,7 @@ pub struct PhysicalConfig {
     pub(crate) create_slot: bool,
     pub(crate) ack: AckMode,
     pub(crate) status_interval: Duration,
+    pub(crate) receive_timeout: Option<Duration>,
     pub(crate) end_lsn: Option<Lsn>,
     pub(crate) start: Option<(Lsn, u32)>,
     pub(crate) receive_pointer: bool,
@@ -72,6 +73,7 @@ impl std::fmt::Debug for PhysicalConfig {
             .field("slot", &self.slot)
             .field("ack", &self.ack)
             .field("status_interval", &self.status_interval)
+            .field("receive_timeout", &self.receive_timeout)
             .field("end_lsn", &self.end_lsn)
             .field("retry", &self.retry)
             .field("inline_io", &self.inline_io)
@@ -89,6 +91,7 @@ impl PhysicalConfig {
             create_slot: false,
             ack: AckMode::default(),
             status_interval: Duration::from_secs(10),
+            receive_timeout: Some(Duration::from_secs(60)),
             end_lsn: None,
             start: None,
             receive_pointer: true,
@@ -131,6 +134,17 @@ impl PhysicalConfig {
     /// of written data in the `Receive` and `Write` modes).
     pub fn status_interval(mut self, d: Duration) -> Self {
         self.status_interval = d.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Ends the connection when the server sent nothing, not even a
+    /// keepalive, for this long (default 60 s, as `wal_receiver_timeout`;
+    /// `None` or zero: never), asking for a keepalive after half of it.
+    /// The connection's setup is bounded by it too. The error is
+    /// [`Error::ReceiveTimeout`](crate::Error::ReceiveTimeout), transient:
+    /// with [`retry`](Self::retry) the receiver reconnects.
+    pub fn receive_timeout(mut self, d: Option<Duration>) -> Self {
+        self.receive_timeout = d.filter(|d| !d.is_zero());
         self
     }
 

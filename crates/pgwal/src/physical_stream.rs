@@ -20,6 +20,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::framing::{db_error, Backend};
 use crate::physical_config::{AckMode, PhysicalConfig};
+use crate::silence::{bounded, Silence, SilenceWatch};
 use crate::stage_hook::Stage;
 use crate::wal_dir::{self, WalDir};
 
@@ -184,12 +185,13 @@ impl PhysicalReceiver {
         pc: PhysicalConfig,
         shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
     ) -> Result<StopReason> {
-        let mut client = ReplicationClient::connect_physical(&self.config).await?;
-        let size = client.show("wal_segment_size").await?;
+        let limit = pc.receive_timeout;
+        let mut client = bounded(limit, ReplicationClient::connect_physical(&self.config)).await?;
+        let size = bounded(limit, client.show("wal_segment_size")).await?;
         let segs = parse_size(&size)
             .and_then(WalSegments::new)
             .ok_or(Error::BadResult("SHOW wal_segment_size"))?;
-        let sys = client.identify_system().await?;
+        let sys = bounded(limit, client.identify_system()).await?;
         if let (Some(slot), true) = (&pc.slot, pc.create_slot) {
             match client.create_physical_slot(slot, false).await {
                 Err(e) if e.code() != Some("42710") => return Err(e),
@@ -218,7 +220,7 @@ impl PhysicalReceiver {
                 if let (Some(slot), true) =
                     (&r.pc.slot, client.server_major_version().unwrap_or(0) >= 15)
                 {
-                    if let Some((kind, lsn, tli)) = client.read_slot(slot).await? {
+                    if let Some((kind, lsn, tli)) = bounded(limit, client.read_slot(slot)).await? {
                         if kind == "physical" && !lsn.is_invalid() && tli != 0 {
                             from_slot = Some((lsn, tli));
                         }
@@ -236,16 +238,18 @@ impl PhysicalReceiver {
         let mut start = segs.segment_start(segs.segment_of(start));
         loop {
             if timeline > 1 && !r.with_dir(move |w| Ok(w.has_history(timeline))).await? {
-                let h = client.timeline_history(timeline).await?;
+                let h = bounded(limit, client.timeline_history(timeline)).await?;
                 r.with_dir(move |w| w.write_history(timeline, h.content.as_bytes()))
                     .await?;
             }
             r.timeline = timeline;
             r.progress.timeline.store(timeline, Ordering::SeqCst);
             let slot = r.pc.slot.clone();
-            let next = match client
-                .start_physical_replication(slot.as_deref(), start, Some(timeline))
-                .await?
+            let next = match bounded(
+                limit,
+                client.start_physical_replication(slot.as_deref(), start, Some(timeline)),
+            )
+            .await?
             {
                 Some(next) => next,
                 None => match r.stream(&mut client, start, shutdown).await {
@@ -332,13 +336,22 @@ impl Receiver {
     }
 
     async fn send_status(&mut self, client: &mut ReplicationClient) -> Result<()> {
+        self.send_status_asking(client, false).await
+    }
+
+    /// A status update; `reply`: the server is asked for a keepalive.
+    async fn send_status_asking(
+        &mut self,
+        client: &mut ReplicationClient,
+        reply: bool,
+    ) -> Result<()> {
         let write = self.write_position();
         let msg = StandbyStatusUpdate {
             write,
             flush: self.flushed,
             apply: Lsn::INVALID,
             client_time: PgTimestamp::now(),
-            reply_requested: false,
+            reply_requested: reply,
             receive: (self.pc.receive_pointer && self.server_knows_receive)
                 .then_some(self.received),
         };
@@ -544,6 +557,7 @@ impl Receiver {
         // audit-receiver: before, WAL acknowledged as written stayed
         // unsynced until its segment was complete).
         let mut synced_at = tokio::time::Instant::now();
+        let mut silence = SilenceWatch::new(self.pc.receive_timeout);
         loop {
             tokio::select! {
                 biased;
@@ -551,12 +565,20 @@ impl Receiver {
                     self.stop(client).await?;
                     return Ok(SessionEnd::Stopped(StopReason::Shutdown));
                 }
+                ping = silence.expired() => match ping {
+                    Silence::AskForKeepalive => self.send_status_asking(client, true).await?,
+                    Silence::TimedOut(after) => {
+                        self.sync(false).await?;
+                        return Err(Error::ReceiveTimeout { after, waiting_for: "the WAL stream" });
+                    }
+                },
                 _ = tick.tick() => {
                     self.sync(true).await?;
                     synced_at = tokio::time::Instant::now();
                     self.send_status(client).await?;
                 }
                 m = client.reader.read() => {
+                    silence.heard();
                     let mut batch = self.read_batch(client, m?);
                     let (ended, error) = (batch.ended, batch.error.take());
                     let before = self.progress.status_updates();

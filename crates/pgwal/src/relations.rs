@@ -7,6 +7,7 @@ use pgwal_protocol::pgoutput::{ColumnValue, LogicalMessage, OldTuple, Relation, 
 
 use crate::error::{Error, Result};
 use crate::event::{Change, Event, Row, TruncateEvent};
+use pgwal_protocol::Lsn;
 
 /// Relations described so far, by OID, and optionally the last row image
 /// seen per key, to fill in unchanged TOAST values.
@@ -231,6 +232,9 @@ impl RelationCache {
     }
 
     /// Converts one decoded message, updating the cache on Relation messages.
+    /// The event for one message; a change's position is set by the
+    /// caller, who has the message's XLogData header
+    /// ([`Event::set_wal_position`]).
     pub(crate) fn event_from(&mut self, m: LogicalMessage) -> Result<Event> {
         Ok(match m {
             LogicalMessage::Begin(b) => {
@@ -268,6 +272,7 @@ impl RelationCache {
                 }
                 Event::Insert(Change {
                     xid: i.xid,
+                    lsn: Lsn::INVALID,
                     new: Some(Row::new(rel.clone(), i.new)),
                     old: None,
                     old_is_key: false,
@@ -295,6 +300,7 @@ impl RelationCache {
                 }
                 Event::Update(Change {
                     xid: u.xid,
+                    lsn: Lsn::INVALID,
                     old: old.map(|t| Row::new(rel.clone(), t)),
                     old_is_key,
                     new: Some(Row::new(rel.clone(), new)),
@@ -309,6 +315,7 @@ impl RelationCache {
                 }
                 Event::Delete(Change {
                     xid: d.xid,
+                    lsn: Lsn::INVALID,
                     old: Some(Row::new(rel.clone(), d.old.tuple().clone())),
                     old_is_key,
                     new: None,
@@ -328,6 +335,7 @@ impl RelationCache {
                         .collect::<Result<_>>()?
                 },
                 xid: t.xid,
+                lsn: Lsn::INVALID,
                 options: t.options,
             }),
             LogicalMessage::Message(m) => Event::Message(m),

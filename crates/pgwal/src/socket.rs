@@ -46,7 +46,46 @@ async fn with_timeout<T>(
 async fn tcp(config: &Config) -> Result<TcpStream> {
     let s = with_timeout(config, TcpStream::connect((config.tcp_host(), config.port))).await?;
     s.set_nodelay(true)?;
+    keepalives(config, &s)?;
     Ok(s)
+}
+
+/// libpq's `keepalives*` and `tcp_user_timeout` on a connected socket.
+fn keepalives(config: &Config, s: &TcpStream) -> Result<()> {
+    let sock = socket2::SockRef::from(s);
+    sock.set_keepalive(config.keepalives)?;
+    if config.keepalives {
+        let mut k = socket2::TcpKeepalive::new();
+        let mut set = false;
+        if let Some(idle) = config.keepalives_idle {
+            k = k.with_time(idle);
+            set = true;
+        }
+        #[cfg(any(
+            target_os = "linux",
+            target_os = "android",
+            target_os = "macos",
+            target_os = "freebsd"
+        ))]
+        {
+            if let Some(interval) = config.keepalives_interval {
+                k = k.with_interval(interval);
+                set = true;
+            }
+            if let Some(count) = config.keepalives_count {
+                k = k.with_retries(count);
+                set = true;
+            }
+        }
+        if set {
+            sock.set_tcp_keepalive(&k)?;
+        }
+    }
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    if let Some(t) = config.tcp_user_timeout {
+        sock.set_tcp_user_timeout(Some(t))?;
+    }
+    Ok(())
 }
 
 async fn handshake(

@@ -58,6 +58,18 @@ pub struct StreamConfig {
     pub stop_lsn: Option<Lsn>,
     /// How often feedback is sent (also sent whenever the server asks).
     pub status_interval: Duration,
+    /// Reconnect when the server sent nothing, not even a keepalive, for
+    /// this long while the stream was waiting for it (default 60 s, as
+    /// the server's `wal_receiver_timeout`; `None`: never). After half of
+    /// it in silence the stream asks the server for a keepalive, so an
+    /// idle but live server always answers in time; a server, host or
+    /// network that vanished without a reset is noticed within it and
+    /// the stream reconnects like after any connection loss (the
+    /// connection's setup is bounded by it too). Time spent waiting for
+    /// the consumer does not count. Keep it above half the server's
+    /// `wal_sender_timeout`: a walsender busy decoding a large transaction
+    /// answers only that often.
+    pub receive_timeout: Option<Duration>,
     /// Events buffered between the connection task and the consumer.
     pub buffer: usize,
     /// Reconnect policy.
@@ -140,6 +152,7 @@ impl StreamConfig {
             start_lsn: None,
             stop_lsn: None,
             status_interval: Duration::from_secs(10),
+            receive_timeout: Some(Duration::from_secs(60)),
             buffer: 1024,
             retry: RetryConfig::default(),
             read_coalesce: Some(Duration::from_millis(1)),
@@ -213,6 +226,11 @@ impl StreamConfig {
     /// Sets `status_interval`.
     pub fn status_interval(mut self, v: Duration) -> Self {
         self.status_interval = v;
+        self
+    }
+    /// Sets `receive_timeout` (a zero duration is taken as `None`).
+    pub fn receive_timeout(mut self, v: Option<Duration>) -> Self {
+        self.receive_timeout = v.filter(|d| !d.is_zero());
         self
     }
     /// Sets `buffer` (at least 1).

@@ -25,6 +25,7 @@ use crate::event::Event;
 use crate::framing::{db_error, Backend};
 use crate::progress::{Delivery, Shared};
 use crate::relations::RelationCache;
+use crate::silence::{bounded, Silence, SilenceWatch};
 use crate::slot_state;
 use crate::socket::Socket;
 use crate::stream_config::StreamConfig;
@@ -66,7 +67,23 @@ pub(crate) struct Worker {
 
 /// Connects and starts streaming from the acknowledged position (never from
 /// the last received one), or the slot's confirmed position if later.
+///
+/// Bounded by the receive timeout: a server that accepts the connection and
+/// then falls silent (or a network that stops carrying packets) must not
+/// hold a reconnect for ever.
 pub(crate) async fn open_session(
+    config: &Config,
+    stream: &StreamConfig,
+    shared: &Shared,
+) -> Result<(ReplicationClient, Lsn)> {
+    bounded(
+        stream.receive_timeout,
+        open_session_unbounded(config, stream, shared),
+    )
+    .await
+}
+
+async fn open_session_unbounded(
     config: &Config,
     stream: &StreamConfig,
     shared: &Shared,
@@ -388,6 +405,9 @@ impl Worker {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let stop = self.stream.stop_lsn;
         let coalesce = self.stream.read_coalesce;
+        // The receive timeout counts from the server's last message, or
+        // from when reading resumed after the consumer made us wait.
+        let mut silence = SilenceWatch::new(self.stream.receive_timeout);
         // Streaming starts at the acked position: anything delivered from
         // here ends after it, so a stop position at or before it is reached.
         let mut stop_now =
@@ -415,6 +435,15 @@ impl Worker {
                     let events = std::mem::replace(&mut pending, Vec::with_capacity(batch));
                     permit.send(Item { generation, payload: Payload::Events(events) });
                     stop_now = stop_after_pending;
+                    silence.heard();
+                }
+                ping = silence.expired(), if pending.is_empty() => {
+                    match ping {
+                        Silence::AskForKeepalive => s.send_status(true).await?,
+                        Silence::TimedOut(after) => {
+                            return Err(Error::ReceiveTimeout { after, waiting_for: "the replication stream" })
+                        }
+                    }
                 }
                 msg = async {
                     match coalesce {
@@ -425,12 +454,14 @@ impl Worker {
                     // Handle this message and whatever else is already
                     // buffered, up to one batch, without awaiting the socket.
                     let mut next = Some(msg?);
+                    silence.heard();
                     while let Some(m) = next.take() {
                         match m {
                             Backend::CopyData(body) => match BackendReplicationMessage::decode(body)? {
                                 BackendReplicationMessage::XLogData(x) => {
                                     s.shared.server_end.fetch_max(x.wal_end.0, Ordering::Relaxed);
-                                    let ev = self.relations.event_from(decoder.decode(x.data)?)?;
+                                    let mut ev = self.relations.event_from(decoder.decode(x.data)?)?;
+                                    ev.set_wal_position(x.wal_start);
                                     s.note(&ev);
                                     if let (Some(stop), Some(at)) = (stop, ev.ack_lsn()) {
                                         stop_after_pending |= at >= stop;

@@ -560,3 +560,90 @@ fn sync_candidate_before_the_first_fsync() {
         assert_eq!(r.stop().unwrap(), StopReason::Shutdown);
     }
 }
+
+/// The receive timeout: an idle server answers the receiver's request for
+/// a keepalive, so the session stays; a walsender that stops answering
+/// (SIGSTOP) ends it with `ReceiveTimeout` (without retries, as the error
+/// of `run`), and with retries the receiver connects again and every
+/// segment stays byte-identical.
+#[test]
+fn receive_timeout_ends_a_silent_session_only() {
+    let Some((label, bin)) = support::servers().into_iter().last() else {
+        panic!("no server");
+    };
+    let c = Cluster::start(label, &bin, Options::default());
+    let dir = recv_dir(&c, "recv");
+    let timeout = Duration::from_secs(1);
+    let walsender =
+        || c.query("SELECT coalesce((SELECT pid::text FROM pg_stat_replication), 'none')");
+    let signal = |pid: &str, sig: &str| {
+        assert!(std::process::Command::new("kill")
+            .args([sig, pid])
+            .status()
+            .unwrap()
+            .success());
+    };
+
+    // no retries: idle for five timeouts, then silent
+    let r = Running::start(
+        recv_config(&c),
+        PhysicalConfig::new(&dir)
+            .slot("recv")
+            .create_slot(true)
+            .status_interval(Duration::from_secs(30))
+            .receive_timeout(Some(timeout)),
+    );
+    wait_until("streaming", || walsender() != "none");
+    let first = walsender();
+    std::thread::sleep(timeout * 5);
+    assert!(
+        !r.thread.as_ref().unwrap().is_finished(),
+        "{label}: an idle session ended"
+    );
+    assert_eq!(walsender(), first, "{label}: an idle session was replaced");
+    signal(&first, "-STOP");
+    let t = Instant::now();
+    while !r.thread.as_ref().unwrap().is_finished() {
+        assert!(
+            t.elapsed() < timeout * 10,
+            "{label}: the receiver kept waiting for a stopped walsender"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let noticed = t.elapsed();
+    signal(&first, "-CONT");
+    let e = r.stop().unwrap_err();
+    assert!(
+        matches!(e, pgwal::Error::ReceiveTimeout { .. }) && e.is_transient(),
+        "{label}: {e}"
+    );
+
+    // with retries: the stream goes on after a silent spell
+    let retry = pgwal::RetryConfig::default()
+        .max_attempts(Some(50))
+        .initial_backoff(Duration::from_millis(50));
+    wait_until("the old walsender gone", || walsender() == "none");
+    let r = Running::start(
+        recv_config(&c),
+        PhysicalConfig::new(&dir)
+            .slot("recv")
+            .retry(retry)
+            .status_interval(Duration::from_millis(100))
+            .receive_timeout(Some(timeout)),
+    );
+    wait_until("streaming", || walsender() != "none");
+    let pid = walsender();
+    signal(&pid, "-STOP");
+    c.psql("CREATE TABLE silent AS SELECT g, repeat('s', 100) AS v FROM generate_series(1, 30000) g; SELECT pg_switch_wal();");
+    std::thread::sleep(timeout * 3);
+    signal(&pid, "-CONT");
+    let end = lsn(&c, "SELECT pg_current_wal_flush_lsn()");
+    r.wait_flushed(end, label);
+    assert_ne!(walsender(), pid, "{label}: no new session");
+    assert_eq!(r.stop().unwrap(), StopReason::Shutdown);
+    let n = compare_complete_segments(label, &dir, &c.dir.join("data/pg_wal"));
+    assert!(n >= 1, "{label}: no complete segment");
+    eprintln!(
+        "{label}: a stopped walsender noticed after {noticed:.1?} (receive timeout {timeout:?})"
+    );
+}

@@ -761,3 +761,67 @@ fn batched_reads_lose_nothing_and_release_stragglers() {
         }
     }
 }
+
+/// The receive timeout: an idle but live server keeps the session (it
+/// answers the stream's request for a keepalive after half the timeout),
+/// while a walsender that stops answering (SIGSTOP: the kernel still
+/// acknowledges the bytes, nothing comes back) ends it, and the stream
+/// reconnects and loses nothing.
+#[test]
+fn receive_timeout_keeps_an_idle_stream_and_ends_a_silent_one() {
+    let Some((label, bin)) = support::servers().into_iter().last() else {
+        panic!("no server");
+    };
+    let c = Cluster::start(label, &bin, Options::default());
+    c.psql(SETUP);
+    block_on(async {
+        make_slot(&c, "s").await;
+        let timeout = Duration::from_secs(1);
+        // feedback less often than the timeout: only the stream's request
+        // makes the idle walsender speak
+        let cfg = fast(StreamConfig::new("s", ["p"]))
+            .status_interval(Duration::from_secs(30))
+            .receive_timeout(Some(timeout));
+        let mut s = LogicalStream::start(config(&c, "postgres"), cfg)
+            .await
+            .unwrap();
+        c.psql("INSERT INTO t VALUES (1, 'a')");
+        expect_txn(&mut s, vec![1], "first").await;
+        // idle for five timeouts: no event at all, in particular no
+        // reconnection
+        match tokio::time::timeout(timeout * 5, s.next()).await {
+            Err(_) => {}
+            Ok(e) => panic!("{label}: an idle stream delivered {e:?}"),
+        }
+        c.psql("INSERT INTO t VALUES (2, 'b')");
+        expect_txn(&mut s, vec![2], "after idling").await;
+
+        let pid = c.query("SELECT active_pid FROM pg_replication_slots WHERE slot_name = 's'");
+        let signal = |sig: &str| {
+            assert!(std::process::Command::new("kill")
+                .args([sig, &pid])
+                .status()
+                .unwrap()
+                .success());
+        };
+        signal("-STOP");
+        let stopped = Instant::now();
+        c.psql("INSERT INTO t VALUES (3, 'c')");
+        // the session ends after the timeout; the next one waits for the
+        // stopped walsender to give up the slot
+        tokio::time::sleep(timeout * 3).await;
+        signal("-CONT");
+        let (ids, _, reconnected) = next_txn(&mut s).await;
+        assert!(
+            reconnected,
+            "{label}: no reconnection after the walsender fell silent"
+        );
+        assert_eq!(ids, vec![3], "{label}");
+        eprintln!(
+            "{label}: the stopped walsender's transaction arrived {:.1?} after the stop \
+             (receive timeout {timeout:?})",
+            stopped.elapsed()
+        );
+        s.shutdown().await.unwrap();
+    });
+}

@@ -22,10 +22,10 @@
 use base64::Engine;
 use pgwal::protocol::pgoutput::{ColumnValue, Relation, RelationColumn};
 use pgwal::types::{decode, oid, Value as Pg};
-use pgwal_protocol::PgTimestamp;
+use pgwal_protocol::{Lsn, PgTimestamp};
 use serde_json::{json, Number, Value};
 
-use super::{temporal, DecimalMode, TxInfo};
+use super::{temporal, DecimalMode, TxInfo, TxOrder};
 
 /// Days from 1970-01-01 to 2000-01-01, PostgreSQL's epoch.
 const EPOCH_DAYS: i64 = 10_957;
@@ -48,12 +48,23 @@ fn precision(typmod: i32) -> i32 {
 }
 
 /// The envelope; `source.name` and `source.db` from `server_name` and
-/// `database`.
+/// `database`; `lsn` is the change's own position, `orders` its
+/// `(total_order, data_collection_order)` in the transaction.
+///
+/// `source.lsn` is the change's position, as Debezium's. `source.sequence`
+/// is `["<commit LSN>","<change LSN>"]`: Debezium puts the last commit
+/// *before* the transaction first; either way the pair sorts records in
+/// the stream's order (transactions in commit order, changes in WAL order
+/// within one), which the change LSN alone does not. The transaction block
+/// is always there (Debezium's `provide.transaction.metadata`), its `id`
+/// `"<xid>:<commit LSN>"` (an xid alone repeats after wraparound).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn envelope(
     (server_name, database): (&str, &str),
     op: &str,
     rel: &Relation,
     tx: &TxInfo,
+    (lsn, (total_order, table_order)): (Lsn, (u64, u64)),
     before: Value,
     after: Value,
     now: PgTimestamp,
@@ -69,25 +80,47 @@ pub(super) fn envelope(
             "ts_ms": ms(tx.commit_time),
             "snapshot": "false",
             "db": database,
-            "sequence": null,
+            "sequence": sequence(tx.commit_lsn, lsn),
             "schema": rel.namespace,
             "table": rel.name,
             "txId": tx.xid,
-            // pgoutput gives no per-change position: the commit's
-            "lsn": tx.commit_lsn.0,
+            "lsn": lsn.0,
             "xmin": null,
         },
         "op": op,
         "ts_ms": ms(now),
-        "transaction": null,
+        "transaction": {
+            "id": transaction_id(tx),
+            "total_order": total_order,
+            "data_collection_order": table_order,
+        },
     })
 }
 
-/// Sets the commit fields of an envelope written before the commit.
-pub(super) fn stamp(v: &mut Value, tx: &TxInfo) {
+fn sequence(commit: Lsn, lsn: Lsn) -> String {
+    format!("[\"{}\",\"{}\"]", commit.0, lsn.0)
+}
+
+fn transaction_id(tx: &TxInfo) -> String {
+    format!("{}:{}", tx.xid, tx.commit_lsn.0)
+}
+
+/// Sets the commit fields of an envelope written before the commit, and
+/// its orders from `order`.
+pub(super) fn stamp(v: &mut Value, tx: &TxInfo, order: &mut TxOrder) {
+    let lsn = Lsn(v["source"]["lsn"].as_u64().unwrap_or(0));
     v["source"]["ts_ms"] = json!(millis(tx.commit_time));
     v["source"]["txId"] = json!(tx.xid);
-    v["source"]["lsn"] = json!(tx.commit_lsn.0);
+    v["source"]["sequence"] = json!(sequence(tx.commit_lsn, lsn));
+    let (total, table) = order.next(
+        v["source"]["schema"].as_str().unwrap_or_default(),
+        v["source"]["table"].as_str().unwrap_or_default(),
+    );
+    v["transaction"] = json!({
+        "id": transaction_id(tx),
+        "total_order": total,
+        "data_collection_order": table,
+    });
 }
 
 fn millis(t: PgTimestamp) -> i64 {

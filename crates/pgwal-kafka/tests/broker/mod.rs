@@ -124,15 +124,21 @@ fn run(args: &[&str]) -> String {
 impl Broker {
     /// A broker with a plaintext listener.
     pub fn start(label: &str) -> Broker {
-        Broker::start_with(label, false)
+        Broker::start_with(label, false, None)
     }
 
     /// A broker with plaintext, SSL and SASL_SSL listeners.
     pub fn start_secure(label: &str) -> Broker {
-        Broker::start_with(label, true)
+        Broker::start_with(label, true, None)
     }
 
-    fn start_with(label: &str, secure: bool) -> Broker {
+    /// A broker whose plaintext listener is on `host`, a local address
+    /// (the controller stays on 127.0.0.1).
+    pub fn start_on(label: &str, host: &str) -> Broker {
+        Broker::start_with(label, false, Some(host))
+    }
+
+    fn start_with(label: &str, secure: bool, host: Option<&str>) -> Broker {
         let dir = std::env::temp_dir().join(format!("pgwal-kafka-{label}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         // four free ports below the ephemeral range (the controller takes
@@ -147,6 +153,9 @@ impl Broker {
         args.push(&port);
         if secure {
             args.push("--secure");
+        }
+        if let Some(h) = host {
+            args.extend(["--host", h]);
         }
         let addr = run(&args);
         let secure = secure.then(|| Secure::read(&dir));

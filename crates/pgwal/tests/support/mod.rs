@@ -6,6 +6,8 @@
 //! panics. As root, server programs run through `tools/as-user`.
 #![allow(dead_code)]
 
+pub mod netns;
+
 use std::io::Write;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
