@@ -39,7 +39,7 @@ fn class(e: &(dyn StdError + 'static)) -> u8 {
             SinkError::Postgres(e) => postgres(e),
             SinkError::KafkaRefused(_) | SinkError::TwoPhase => CONFIG,
             SinkError::Kafka { .. } | SinkError::KafkaNeverConnected { .. } => RETRIES,
-            SinkError::Format(_) => UNWRITABLE,
+            SinkError::Format(_) | SinkError::BadRecord { .. } => UNWRITABLE,
             _ => 1,
         };
     }

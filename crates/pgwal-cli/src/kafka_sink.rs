@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use pgwal::{Config, StreamConfig};
-use pgwal_kafka::{DecimalMode, Format, KeyColumns, Routing, SinkConfig};
+use pgwal_kafka::{BadRecordPolicy, DecimalMode, Format, KeyColumns, Routing, SinkConfig};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(crate) enum FormatArg {
@@ -26,6 +26,17 @@ pub(crate) enum DecimalArg {
     String,
     /// A JSON number (may round).
     Double,
+}
+
+/// `--kafka-bad-records`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum BadRecordsArg {
+    /// Stop with an error.
+    Fail,
+    /// Leave the change out, with a warning.
+    Skip,
+    /// Write it to the dead-letter topic instead.
+    DeadLetter,
 }
 
 /// Options of `--sink kafka`.
@@ -104,6 +115,21 @@ pub(crate) struct KafkaArgs {
     /// identity; for REPLICA IDENTITY FULL tables the primary key.
     #[arg(long = "kafka-key-columns", value_name = "SPEC", value_parser = parse_key_columns)]
     key_columns: Option<KeyColumns>,
+    /// A change that cannot be written (an unchanged TOAST value the server
+    /// did not send, a value that does not decode, a record larger than
+    /// --kafka-max-record-bytes): fail (stop with an error naming the table
+    /// and position), skip (leave it out, with a warning), or dead-letter
+    /// (write the change and the reason to --kafka-dead-letter-topic, in
+    /// the same Kafka transaction).
+    #[arg(long = "kafka-bad-records", value_enum, default_value = "fail")]
+    bad_records: BadRecordsArg,
+    /// The dead-letter topic (default: {prefix}.dead-letter).
+    #[arg(long = "kafka-dead-letter-topic", value_name = "TOPIC")]
+    dead_letter_topic: Option<String>,
+    /// The largest record, key and value bytes (default: the
+    /// message.max.bytes --kafka-option, else librdkafka's 1000000).
+    #[arg(long = "kafka-max-record-bytes", value_name = "BYTES")]
+    max_record_bytes: Option<usize>,
     /// A librdkafka setting, KEY=VALUE (repeatable): security.protocol,
     /// sasl.*, ssl.*, compression.type, ...
     #[arg(long = "kafka-option", value_name = "KEY=VALUE", value_parser = parse_option)]
@@ -174,6 +200,24 @@ pub(crate) async fn run(
     }
     sink.retry_for = Duration::from_secs(a.retry_secs);
     sink.timeout = Duration::from_secs_f64(a.timeout_secs);
+    let message_max = a
+        .options
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "message.max.bytes")
+        .and_then(|(_, v)| v.parse::<usize>().ok());
+    if let Some(n) = a.max_record_bytes.or(message_max) {
+        sink.max_record_bytes = n;
+    }
+    sink.bad_records = match a.bad_records {
+        BadRecordsArg::Fail => BadRecordPolicy::Fail,
+        BadRecordsArg::Skip => BadRecordPolicy::Skip,
+        BadRecordsArg::DeadLetter => BadRecordPolicy::DeadLetter {
+            topic: a
+                .dead_letter_topic
+                .unwrap_or_else(|| format!("{}.dead-letter", a.topic_prefix)),
+        },
+    };
     sink.client_options = a.options;
     sink.heartbeat = (a.heartbeat_secs > 0.0).then(|| Duration::from_secs_f64(a.heartbeat_secs));
     if let Some(k) = a.key_columns {
@@ -189,7 +233,7 @@ pub(crate) async fn run(
     }
     let stats = pgwal_kafka::run(config, stream, sink, stop).await?;
     eprintln!(
-        "pgwal: kafka: {} transactions, {} records ({} bytes) in {} Kafka transactions; {} received again and skipped, {} spilled, {} restarts after Kafka errors, {} starts ahead of the slot, {} heartbeats; Kafka holds everything up to {}",
+        "pgwal: kafka: {} transactions, {} records ({} bytes) in {} Kafka transactions; {} received again and skipped, {} spilled, {} restarts after Kafka errors, {} starts ahead of the slot, {} heartbeats, {} bad changes skipped, {} dead-lettered; Kafka holds everything up to {}",
         stats.transactions,
         stats.records,
         stats.bytes,
@@ -199,6 +243,8 @@ pub(crate) async fn run(
         stats.kafka_restarts,
         stats.resumed_ahead_of_slot,
         stats.heartbeats,
+        stats.bad_skipped,
+        stats.dead_lettered,
         stats
             .position
             .map_or_else(|| "nothing yet".to_owned(), |l| l.to_string())

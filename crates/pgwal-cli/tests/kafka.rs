@@ -1184,3 +1184,279 @@ fn kafka_sink_silent_peers() {
          after it healed"
     );
 }
+
+/// Changes that cannot be written, under each `--kafka-bad-records`
+/// policy: an update that leaves a TOAST value unchanged under `REPLICA
+/// IDENTITY DEFAULT` (the server does not send it), and a record larger
+/// than `--kafka-max-record-bytes`. A bad change in a rolled-back
+/// subtransaction of a streamed transaction fails nothing.
+#[test]
+fn kafka_sink_bad_records_by_policy() {
+    if !broker::have_java() {
+        eprintln!("NOTICE: no java; the Kafka bad-record test is skipped");
+        return;
+    }
+    let _one = one_broker();
+    let b = Broker::start("badrec");
+    for (label, bin) in support::servers() {
+        if label == "pg17" {
+            continue;
+        }
+        bad_records(label, &bin, &b);
+    }
+}
+
+fn bad_records(label: &'static str, bin: &Path, b: &Broker) {
+    let c = Cluster::start(
+        label,
+        bin,
+        Options {
+            conf: vec!["logical_decoding_work_mem = '64kB'".into()],
+            ..Options::default()
+        },
+    );
+    c.psql(
+        "CREATE TABLE doc (id int PRIMARY KEY, n int, body text);
+         ALTER TABLE doc ALTER COLUMN body SET STORAGE EXTERNAL;
+         CREATE TABLE big (id int PRIMARY KEY, payload text);
+         CREATE PUBLICATION p FOR TABLE doc, big;",
+    );
+    let policies = ["fail", "skip", "dead-letter"];
+    block_on(async {
+        let mut rc = ReplicationClient::connect(&config(&c, "postgres"))
+            .await
+            .unwrap();
+        for p in policies {
+            rc.create_logical_slot(
+                &format!("bad_{}", p.replace('-', "_")),
+                &CreateSlotOptions::new(),
+            )
+            .await
+            .unwrap();
+        }
+    });
+    let xid_of = |sql: &str| -> String {
+        c.query(&format!("BEGIN; {sql} SELECT txid_current(); COMMIT;"))
+            .lines()
+            .find(|l| l.trim().parse::<u64>().is_ok())
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    // A: fine; E: streamed, its bad change rolled back; B: a bad update
+    // beside a good insert; C: a record too large; D: fine
+    c.psql("INSERT INTO doc VALUES (1, 0, repeat('x', 5000));");
+    c.psql(
+        "BEGIN;
+         INSERT INTO big SELECT g, 'streamed' FROM generate_series(100, 2000) g;
+         SAVEPOINT s;
+         UPDATE doc SET n = 100 WHERE id = 1;
+         ROLLBACK TO s;
+         INSERT INTO big VALUES (4, 'e');
+         COMMIT;",
+    );
+    let bad_xid =
+        xid_of("UPDATE doc SET n = 1 WHERE id = 1; INSERT INTO big VALUES (1, 'beside');");
+    // where B's commit record ends: a slot confirmed up to there would not
+    // give B again (a heartbeat may confirm a position inside B)
+    let after_b: Lsn = c
+        .query("SELECT pg_current_wal_insert_lsn()")
+        .parse()
+        .unwrap();
+    c.psql("INSERT INTO big VALUES (2, repeat('y', 300000));");
+    c.psql("INSERT INTO big VALUES (3, 'after');");
+    let end: Lsn = c
+        .query("SELECT pg_current_wal_insert_lsn()")
+        .parse()
+        .unwrap();
+
+    let logs = std::env::temp_dir().join(format!("pgwal-kafka-bad-{label}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&logs);
+    std::fs::create_dir_all(&logs).unwrap();
+    let run = |policy: &str| -> (Option<i32>, String) {
+        let slot = format!("bad_{}", policy.replace('-', "_"));
+        let prefix = format!("{label}-{slot}");
+        let log = logs.join(format!("{policy}.log"));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_pgwal"));
+        cmd.arg("-d")
+            .arg(format!("{} sslmode=disable", c.conninfo("postgres")))
+            .args([
+                "stream",
+                "-S",
+                &slot,
+                "-P",
+                "p",
+                "--streaming",
+                "on",
+                "--sink",
+                "kafka",
+            ])
+            .args([
+                "--kafka-topic-prefix",
+                &prefix,
+                "--kafka-bad-records",
+                policy,
+            ])
+            .args([
+                "--kafka-max-record-bytes",
+                "100000",
+                "--stop-lsn",
+                &end.to_string(),
+            ])
+            .args(["--kafka-memory-mib", "0", "--kafka-spill-dir"])
+            .arg(&logs)
+            .args(broker::sink_args(&b.addr, &[]))
+            .env("PGWAL_LOG", "pgwal_kafka=warn")
+            .stdout(Stdio::null())
+            .stderr(File::create(&log).unwrap());
+        Sink {
+            child: cmd.spawn().unwrap(),
+            log,
+        }
+        .wait_code(Duration::from_secs(120))
+    };
+    let ids = |prefix: &str| -> Vec<i64> {
+        let mut v: Vec<i64> = read_all(
+            &b.addr,
+            &[&format!("{prefix}.public.big")],
+            "read_committed",
+        )
+        .iter()
+        .filter_map(|r| {
+            let v: Value = serde_json::from_slice(r.value.as_deref()?).ok()?;
+            v["after"]["id"].as_i64()
+        })
+        .collect();
+        v.sort();
+        v
+    };
+    let streamed: Vec<i64> = (100..=2000).collect();
+
+    // fail: the error names the table, the position and the ways out;
+    // nothing of B or after it is written or acknowledged
+    let (code, log) = run("fail");
+    assert_eq!(code, Some(5), "{label}: fail: {log}");
+    assert!(
+        log.contains("public.doc: the change at")
+            && log.contains("unchanged TOAST")
+            && log.contains("--kafka-bad-records skip or dead-letter"),
+        "{label}: fail: {log}"
+    );
+    // the Kafka transaction open at the failure is aborted: it may have
+    // held E too, which comes again at the next start
+    let written = ids(&format!("{label}-bad_fail"));
+    assert!(
+        written.iter().all(|i| *i == 4 || streamed.contains(i)),
+        "{label}: fail: Kafka holds records of the bad transaction or after it"
+    );
+    assert!(
+        c.confirmed_flush("bad_fail") < after_b,
+        "{label}: fail: the slot passed the bad transaction: confirmed {}, its commit ends at \
+         {after_b}",
+        c.confirmed_flush("bad_fail")
+    );
+
+    // skip: B's update and C left out, the rest written
+    let (code, log) = run("skip");
+    assert_eq!(code, Some(0), "{label}: skip: {log}");
+    assert_eq!(
+        log.matches("change skipped").count(),
+        2,
+        "{label}: skip: {log}"
+    );
+    assert!(
+        log.contains("2 bad changes skipped"),
+        "{label}: skip: {log}"
+    );
+    let mut want = vec![1, 3, 4];
+    want.extend(&streamed);
+    want.sort();
+    assert_eq!(
+        ids(&format!("{label}-bad_skip")),
+        want,
+        "{label}: skip: big"
+    );
+
+    // dead-letter: the two in the dead-letter topic, B's beside B's insert
+    let (code, log) = run("dead-letter");
+    assert_eq!(code, Some(0), "{label}: dead-letter: {log}");
+    let prefix = format!("{label}-bad_dead_letter");
+    let mut want = vec![1, 3, 4];
+    want.extend(&streamed);
+    want.sort();
+    assert_eq!(ids(&prefix), want, "{label}: dead-letter: big");
+    let dead: Vec<Value> = read_all(
+        &b.addr,
+        &[&format!("{prefix}.dead-letter")],
+        "read_committed",
+    )
+    .iter()
+    .map(|r| serde_json::from_slice(r.value.as_deref().unwrap()).unwrap())
+    .collect();
+    assert_eq!(dead.len(), 2, "{label}: dead letters {dead:?}");
+    let (toast, large) = (&dead[0], &dead[1]);
+    assert_eq!(toast["table"], "public.doc", "{label}");
+    assert_eq!(toast["op"], "update");
+    assert_eq!(toast["xid"].to_string(), bad_xid, "{label}");
+    assert_eq!(
+        toast["unchanged_toast"],
+        serde_json::json!(["body"]),
+        "{label}"
+    );
+    assert_eq!(
+        toast["new"],
+        serde_json::json!({"id": "1", "n": "1"}),
+        "{label}"
+    );
+    assert!(toast["reason"]
+        .as_str()
+        .unwrap()
+        .contains("unchanged TOAST"));
+    // the insert beside it is of the same PostgreSQL transaction, so of the
+    // same Kafka transaction
+    let beside = read_all(
+        &b.addr,
+        &[&format!("{prefix}.public.big")],
+        "read_committed",
+    )
+    .into_iter()
+    .map(|r| serde_json::from_slice::<Value>(r.value.as_deref().unwrap()).unwrap())
+    .find(|v| v["after"]["id"] == 1)
+    .unwrap();
+    assert_eq!(beside["source"]["txId"].to_string(), bad_xid, "{label}");
+    assert_eq!(
+        toast["commit_lsn"]
+            .as_str()
+            .unwrap()
+            .parse::<Lsn>()
+            .unwrap()
+            .0
+            .to_string(),
+        beside["transaction"]["id"]
+            .as_str()
+            .unwrap()
+            .split(':')
+            .nth(1)
+            .unwrap(),
+        "{label}"
+    );
+    assert_eq!(large["table"], "public.big");
+    assert_eq!(large["op"], "insert");
+    assert!(
+        large.get("new").is_none(),
+        "{label}: a record too large keeps no row"
+    );
+    assert!(
+        large["reason"]
+            .as_str()
+            .unwrap()
+            .contains("larger than the limit of 100000 bytes"),
+        "{label}: {large}"
+    );
+    assert!(
+        log.contains("2 dead-lettered"),
+        "{label}: dead-letter: {log}"
+    );
+    let _ = std::fs::remove_dir_all(&logs);
+    eprintln!("{label}: bad records: fail stopped with exit 5 before the bad transaction; skip and dead-letter wrote the rest");
+}

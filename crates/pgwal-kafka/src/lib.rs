@@ -12,6 +12,7 @@
 //! --sink kafka`).
 #![warn(missing_docs)]
 
+pub mod bad_records;
 mod client;
 pub mod format;
 pub mod keys;
@@ -21,6 +22,7 @@ pub mod routing;
 pub mod sink;
 mod spill;
 
+pub use bad_records::{BadRecordPolicy, BadRecordReason};
 pub use format::{encode, DecimalMode, Format, Record, TxInfo, TxOrder};
 pub use keys::{KeyColumns, KeyColumnsError};
 pub use routing::{Routing, RoutingError};

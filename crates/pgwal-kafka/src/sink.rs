@@ -48,6 +48,7 @@ use futures_util::StreamExt;
 use pgwal::{Config, Event, LogicalStream, Lsn, ReplicationClient, StreamConfig};
 use pgwal_protocol::PgTimestamp;
 
+use crate::bad_records::{self, BadRecordPolicy, BadRecordReason};
 use crate::format::{encode, stamp, Format, FormatError, Record, TxInfo, TxOrder};
 use crate::keys::{primary_key_query, KeyColumns};
 use crate::producer::{KafkaProducer, ProducerConfig, ProducerError};
@@ -98,13 +99,22 @@ pub struct SinkConfig {
     /// ones, and for `REPLICA IDENTITY FULL` tables the primary key, which
     /// the sink looks up in the catalog (see [`KeyColumns`]).
     pub key_columns: KeyColumns,
+    /// What to do with a change that cannot be written (see
+    /// [`crate::bad_records`]).
+    pub bad_records: BadRecordPolicy,
+    /// The largest record (key and value bytes) the sink writes; a larger
+    /// one is a bad record. Keep it at or below librdkafka's
+    /// `message.max.bytes` and the topics' `max.message.bytes`.
+    pub max_record_bytes: usize,
 }
 
 impl SinkConfig {
     /// Defaults: progress topic `pgwal.progress`, 4 MiB or 100 ms per Kafka
     /// transaction, 64 MiB of streamed transactions in memory, spill to the
     /// system's temporary directory, retry Kafka for 5 minutes, a progress
-    /// heartbeat at most every 10 seconds.
+    /// heartbeat at most every 10 seconds, stop at a change that cannot be
+    /// written, records of at most 1,000,000 bytes (librdkafka's default
+    /// `message.max.bytes`).
     pub fn new(brokers: impl Into<String>, routing: Routing, format: Format) -> SinkConfig {
         SinkConfig {
             brokers: brokers.into(),
@@ -121,6 +131,8 @@ impl SinkConfig {
             client_options: Vec::new(),
             heartbeat: Some(Duration::from_secs(10)),
             key_columns: KeyColumns::new(),
+            bad_records: BadRecordPolicy::Fail,
+            max_record_bytes: 1_000_000,
         }
     }
 }
@@ -159,6 +171,17 @@ pub enum SinkError {
     /// acknowledged.
     #[error(transparent)]
     Format(#[from] FormatError),
+    /// A change that cannot be written, under [`BadRecordPolicy::Fail`];
+    /// nothing from its transaction on was written or acknowledged.
+    #[error("{table}: the change at {lsn} cannot be written: {reason}; nothing from its transaction on was written or acknowledged. Remove the cause, or run with --kafka-bad-records skip or dead-letter to go on without it")]
+    BadRecord {
+        /// `schema.table`.
+        table: String,
+        /// The change's position.
+        lsn: Lsn,
+        /// Why.
+        reason: Box<BadRecordReason>,
+    },
     /// The spill file.
     #[error("spilling a streamed transaction: {0}")]
     Spill(#[from] std::io::Error),
@@ -194,6 +217,10 @@ pub struct SinkStats {
     pub heartbeats: u64,
     /// Where Kafka's progress stands at the end.
     pub position: Option<Lsn>,
+    /// Changes left out under [`BadRecordPolicy::Skip`].
+    pub bad_skipped: u64,
+    /// Changes written to the dead-letter topic instead.
+    pub dead_lettered: u64,
 }
 
 /// Streams `stream` through `pg` into Kafka until `stop` completes, the
@@ -310,6 +337,10 @@ struct Session<'a> {
     batch_since: Option<tokio::time::Instant>,
     /// The non-streamed transaction being read, unless it is skipped.
     current: Option<TxInfo>,
+    /// Changes of streamed transactions that cannot be written, under
+    /// `BadRecordPolicy::Fail`, by top-level xid with their subtransaction:
+    /// the error comes at the commit, unless they abort first.
+    failed_streamed: HashMap<u32, Vec<(u32, SinkError)>>,
     /// Where the current transaction's records stand in it.
     order: TxOrder,
     skip_current: bool,
@@ -348,6 +379,7 @@ impl<'a> Session<'a> {
             batch_bytes: 0,
             batch_since: None,
             current: None,
+            failed_streamed: HashMap::new(),
             order: TxOrder::new(),
             skip_current: false,
             streamed: HashMap::new(),
@@ -563,6 +595,12 @@ impl<'a> Session<'a> {
             }
             Event::StreamStop => self.block = None,
             Event::StreamAbort(a) => {
+                if let Some(f) = self.failed_streamed.get_mut(&a.xid) {
+                    f.retain(|(sub, _)| a.xid != a.subxid && *sub != a.subxid);
+                    if f.is_empty() {
+                        self.failed_streamed.remove(&a.xid);
+                    }
+                }
                 if a.xid == a.subxid {
                     if let Some(s) = self.streamed.remove(&a.xid) {
                         self.streamed_bytes -= s.memory_bytes();
@@ -574,6 +612,13 @@ impl<'a> Session<'a> {
                 }
             }
             Event::StreamCommit(c) => {
+                if let Some((_, e)) = self
+                    .failed_streamed
+                    .remove(&c.xid)
+                    .and_then(|f| f.into_iter().next())
+                {
+                    return Err(Failure::Other(e));
+                }
                 let spill = self.streamed.remove(&c.xid).unwrap_or_else(Spill::new);
                 self.streamed_bytes -= spill.memory_bytes();
                 if c.commit_lsn < self.written {
@@ -586,10 +631,15 @@ impl<'a> Session<'a> {
                 let mut records = spill.into_reader().await?;
                 while let Some(mut r) = records.next().await? {
                     if let Some(v) = &r.value {
-                        r.value = Some(
-                            stamp(&self.sink.format, v, &tx, &mut order)
-                                .map_err(std::io::Error::other)?,
-                        );
+                        // a dead-letter record has pgwal's commit fields
+                        let format = match &self.sink.bad_records {
+                            BadRecordPolicy::DeadLetter { topic } if *topic == r.topic => {
+                                &Format::Pgwal
+                            }
+                            _ => &self.sink.format,
+                        };
+                        r.value =
+                            Some(stamp(format, v, &tx, &mut order).map_err(std::io::Error::other)?);
                     }
                     self.send(&r, producer).await?;
                 }
@@ -621,6 +671,7 @@ impl<'a> Session<'a> {
                 self.current = None;
                 self.skip_current = false;
                 self.streamed.clear();
+                self.failed_streamed.clear();
                 self.streamed_bytes = 0;
                 self.block = None;
             }
@@ -641,10 +692,10 @@ impl<'a> Session<'a> {
     ) -> Result<(), Failure> {
         let now = PgTimestamp::now();
         if let (Some(top), Some(sub)) = (self.block, xid) {
-            // the commit's fields are stamped in at the commit
+            // the commit's fields are stamped in at the commit, and the
+            // orders counted again there
             let tx = TxInfo::new(top, Lsn(0), PgTimestamp(0));
-            // the orders too are counted again at the commit
-            let records = encode(
+            let encoded = encode(
                 &self.sink.format,
                 &self.sink.routing,
                 &self.keys,
@@ -652,7 +703,18 @@ impl<'a> Session<'a> {
                 &mut TxOrder::new(),
                 event,
                 now,
-            )?;
+            );
+            let records = match self.writable(event, &tx, encoded) {
+                Ok(Some(records)) => records,
+                Ok(None) => return Ok(()),
+                // the transaction may still abort, or this subtransaction:
+                // fail at its commit
+                Err(Failure::Other(e @ SinkError::BadRecord { .. })) => {
+                    self.failed_streamed.entry(top).or_default().push((sub, e));
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            };
             let spill = self.streamed.get_mut(&top).expect("opened at StreamStart");
             let before = spill.memory_bytes();
             for r in records {
@@ -670,7 +732,7 @@ impl<'a> Session<'a> {
         let Some(tx) = self.current else {
             return Ok(());
         };
-        for r in encode(
+        let encoded = encode(
             &self.sink.format,
             &self.sink.routing,
             &self.keys,
@@ -678,10 +740,64 @@ impl<'a> Session<'a> {
             &mut self.order,
             event,
             now,
-        )? {
+        );
+        let Some(records) = self.writable(event, &tx, encoded)? else {
+            return Ok(());
+        };
+        for r in records {
             self.send(&r, producer).await?;
         }
         Ok(())
+    }
+
+    /// The records to write for a change: its own, or by the bad-record
+    /// policy when it cannot be encoded or a record is too large (`None`:
+    /// skipped).
+    // the error ends the session: its size costs nothing on the way of
+    // records that are written
+    #[allow(clippy::result_large_err)]
+    fn writable(
+        &mut self,
+        event: &Event,
+        tx: &TxInfo,
+        encoded: Result<Vec<Record>, FormatError>,
+    ) -> Result<Option<Vec<Record>>, Failure> {
+        let limit = self.sink.max_record_bytes;
+        let size =
+            |r: &Record| r.key.as_ref().map_or(0, Vec::len) + r.value.as_ref().map_or(0, Vec::len);
+        let (reason, key) = match encoded {
+            Ok(records) => match records.iter().find(|r| size(r) > limit) {
+                None => return Ok(Some(records)),
+                Some(big) => (
+                    BadRecordReason::TooLarge {
+                        bytes: size(big),
+                        limit,
+                    },
+                    big.key.clone().filter(|k| k.len() <= limit / 2),
+                ),
+            },
+            Err(e) => (BadRecordReason::Format(e), None),
+        };
+        let (table, lsn) = bad_records::describe(event);
+        match &self.sink.bad_records {
+            BadRecordPolicy::Skip => {
+                tracing::warn!(%table, %lsn, xid = tx.xid, reason = %reason, "change skipped (--kafka-bad-records skip)");
+                self.stats.bad_skipped += 1;
+                Ok(None)
+            }
+            BadRecordPolicy::DeadLetter { topic } => {
+                tracing::warn!(%table, %lsn, xid = tx.xid, reason = %reason, %topic, "change written to the dead-letter topic");
+                self.stats.dead_lettered += 1;
+                let with_rows = !matches!(reason, BadRecordReason::TooLarge { .. });
+                let r = bad_records::dead_letter(topic, event, tx, &reason, key, with_rows);
+                Ok(Some(vec![r]))
+            }
+            _ => Err(Failure::Other(SinkError::BadRecord {
+                table,
+                lsn,
+                reason: Box::new(reason),
+            })),
+        }
     }
 
     async fn spill_largest(&mut self) -> Result<(), Failure> {
