@@ -2,6 +2,7 @@
 //! stream to [`pgwal_kafka::sink`].
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
@@ -173,6 +174,7 @@ pub(crate) async fn run(
     stream: StreamConfig,
     a: KafkaArgs,
     slot_check_interval: f64,
+    metrics: Option<std::net::SocketAddr>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let stop = crate::signals::stop_signal();
     let routing = Routing::new(&a.topic_prefix, &a.topic_template)?;
@@ -223,12 +225,21 @@ pub(crate) async fn run(
     if let Some(k) = a.key_columns {
         sink.key_columns = k;
     }
+    let slot_metrics = crate::metrics::StreamMetrics::default();
+    if let Some(addr) = metrics {
+        let live = sink.live.clone();
+        let registry = crate::kafka_metrics::registry(sink.live.clone(), &slot_metrics);
+        let bound =
+            crate::metrics::serve(addr, registry, Arc::new(move || live.streaming())).await?;
+        eprintln!("pgwal: metrics at http://{bound}/metrics");
+    }
     if slot_check_interval > 0.0 {
+        let m = slot_metrics.clone();
         crate::slot_watch::spawn(
             config.clone(),
             stream.slot.clone(),
             Duration::from_secs_f64(slot_check_interval),
-            |_| {},
+            move |r| m.slot_room(r),
         );
     }
     let stats = pgwal_kafka::run(config, stream, sink, stop).await?;

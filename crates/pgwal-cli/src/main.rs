@@ -3,6 +3,7 @@
 mod config_file;
 mod exit_code;
 mod json;
+mod kafka_metrics;
 mod kafka_sink;
 mod metrics;
 mod receive_cmd;

@@ -1,6 +1,8 @@
 //! `pgwal stream --metrics ADDR`: the stream's counters in the Prometheus
 //! exposition format (OpenMetrics text, `prometheus-client`), served over
-//! HTTP (`hyper`) at `/metrics`.
+//! HTTP (`hyper`) at `/metrics`, with health checks for a supervisor:
+//! `/livez` (200 while the process serves) and `/readyz` (200 while it
+//! streams, 503 otherwise).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -39,7 +41,17 @@ pub(crate) struct StreamMetrics {
     slot_safe_wal: Gauge,
 }
 
+/// Whether pgwal streams now (`/readyz`).
+pub(crate) type Ready = Arc<dyn Fn() -> bool + Send + Sync>;
+
 impl StreamMetrics {
+    /// A registry holding these metrics.
+    pub(crate) fn registry(&self) -> Registry {
+        let mut r = Registry::default();
+        self.register(&mut r);
+        r
+    }
+
     fn register(&self, r: &mut Registry) {
         r.register(
             "pgwal_events",
@@ -93,6 +105,15 @@ impl StreamMetrics {
         );
     }
 
+    /// Only the slot's room, beside other metrics (the Kafka sink's).
+    pub(crate) fn register_slot_room(&self, r: &mut Registry) {
+        r.register(
+            "pgwal_slot_safe_wal_bytes",
+            "WAL that may still be written before max_slot_wal_keep_size invalidates the slot (-1: no limit)",
+            self.slot_safe_wal.clone(),
+        );
+    }
+
     pub(crate) fn slot_room(&self, r: crate::slot_watch::SlotRoom) {
         self.slot_safe_wal.set(r.safe_wal_bytes.unwrap_or(-1));
     }
@@ -126,11 +147,13 @@ impl StreamMetrics {
     }
 }
 
-/// Binds `addr` and serves `/metrics` until the process ends; returns the
-/// bound address (port 0 picks one).
-pub(crate) async fn serve(addr: SocketAddr, m: StreamMetrics) -> std::io::Result<SocketAddr> {
-    let mut registry = Registry::default();
-    m.register(&mut registry);
+/// Binds `addr` and serves `/metrics`, `/livez` and `/readyz` until the
+/// process ends; returns the bound address (port 0 picks one).
+pub(crate) async fn serve(
+    addr: SocketAddr,
+    registry: Registry,
+    ready: Ready,
+) -> std::io::Result<SocketAddr> {
     let registry = Arc::new(registry);
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
@@ -140,10 +163,12 @@ pub(crate) async fn serve(addr: SocketAddr, m: StreamMetrics) -> std::io::Result
                 continue;
             };
             let registry = registry.clone();
+            let ready = ready.clone();
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                     let registry = registry.clone();
-                    async move { Ok::<_, Infallible>(respond(&req, &registry)) }
+                    let ready = ready.clone();
+                    async move { Ok::<_, Infallible>(respond(&req, &registry, &ready)) }
                 });
                 // a scraper that disconnects mid-response is its own business
                 let _ = hyper::server::conn::http1::Builder::new()
@@ -155,11 +180,27 @@ pub(crate) async fn serve(addr: SocketAddr, m: StreamMetrics) -> std::io::Result
     Ok(bound)
 }
 
-fn respond(req: &Request<Incoming>, registry: &Registry) -> Response<Full<Bytes>> {
+fn respond(req: &Request<Incoming>, registry: &Registry, ready: &Ready) -> Response<Full<Bytes>> {
     let mut resp = Response::new(Full::new(Bytes::new()));
-    if req.uri().path() != "/metrics" {
-        *resp.status_mut() = StatusCode::NOT_FOUND;
-        return resp;
+    match req.uri().path() {
+        "/metrics" => {}
+        "/livez" => {
+            *resp.body_mut() = Full::new(Bytes::from_static(b"live\n"));
+            return resp;
+        }
+        "/readyz" => {
+            if ready() {
+                *resp.body_mut() = Full::new(Bytes::from_static(b"ready\n"));
+            } else {
+                *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                *resp.body_mut() = Full::new(Bytes::from_static(b"not streaming\n"));
+            }
+            return resp;
+        }
+        _ => {
+            *resp.status_mut() = StatusCode::NOT_FOUND;
+            return resp;
+        }
     }
     let mut body = String::new();
     if encode(&mut body, registry).is_err() {

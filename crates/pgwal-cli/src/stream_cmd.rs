@@ -1,6 +1,7 @@
 //! `pgwal stream`.
 
 use std::io::{IsTerminal, Write};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
@@ -99,8 +100,11 @@ pub(crate) struct StreamArgs {
     state: Option<std::path::PathBuf>,
     /// Serve Prometheus metrics (OpenMetrics text) at http://ADDR/metrics:
     /// events by kind, output bytes, reconnects, time waiting for the
-    /// consumer, acked/confirmed/server positions, lag in bytes and seconds.
-    /// Port 0 picks one; the address is printed on stderr.
+    /// consumer, acked/confirmed/server positions, lag in bytes and seconds
+    /// (with --sink kafka: records by topic, Kafka commits and their time,
+    /// skipped and dead-lettered changes, restarts), and health checks at
+    /// /livez and /readyz (503 while not streaming). Port 0 picks one; the
+    /// address is printed on stderr.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
     /// Seconds between checks of the slot's room under
@@ -166,9 +170,6 @@ impl StreamArgs {
             }
             if self.messages {
                 return Some("--sink kafka does not write pg_logical_emit_message messages");
-            }
-            if self.metrics.is_some() {
-                return Some("--sink kafka has no --metrics yet");
             }
         } else if self.kafka.brokers.is_some() {
             return Some("--kafka-brokers needs --sink kafka");
@@ -347,17 +348,25 @@ pub(crate) async fn run(
         cfg = cfg.state_file(p);
     }
     if a.sink == SinkArg::Kafka {
-        return crate::kafka_sink::run(config, cfg, a.kafka, a.slot_check_interval).await;
+        return crate::kafka_sink::run(config, cfg, a.kafka, a.slot_check_interval, a.metrics)
+            .await;
     }
     let metrics = crate::metrics::StreamMetrics::default();
+    // ready once the stream started; it stays so while the stream retries
+    // (when retrying gives up, pgwal exits)
+    let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
     if let Some(addr) = a.metrics {
-        let bound = crate::metrics::serve(addr, metrics.clone())
+        let s = started.clone();
+        let ready: crate::metrics::Ready =
+            Arc::new(move || s.load(std::sync::atomic::Ordering::Relaxed));
+        let bound = crate::metrics::serve(addr, metrics.registry(), ready)
             .await
             .map_err(Error::Io)?;
         eprintln!("pgwal: metrics at http://{bound}/metrics");
     }
     let watched = (a.slot_check_interval > 0.0).then(|| (config.clone(), cfg.slot.clone()));
     let mut stream = LogicalStream::start(config, cfg).await?;
+    started.store(true, std::sync::atomic::Ordering::Relaxed);
     if let Some((config, slot)) = watched {
         let m = metrics.clone();
         crate::slot_watch::spawn(

@@ -1037,6 +1037,32 @@ fn kafka_sink_secure_listeners_and_their_refusals() {
     let _ = std::fs::remove_dir_all(&logs);
 }
 
+/// `GET path` from the HTTP server at `addr`: the status code and body.
+fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let code = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+    (code, body)
+}
+
+/// The value of the sample `name` (with its labels, if any) in an
+/// OpenMetrics text.
+fn sample(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {name} in\n{metrics}"))
+}
+
 /// Waits up to `limit` for `what` to appear in the sink's log after its
 /// `before` first bytes; how long it took.
 fn wait_for_log(sink: &Sink, before: usize, what: &str, limit: Duration) -> Duration {
@@ -1124,6 +1150,8 @@ fn kafka_sink_silent_peers() {
         "10",
         "--kafka-heartbeat-secs",
         "0.5",
+        "--metrics",
+        "0.0.0.0:0",
     ];
     let conninfo = format!(
         "host={pg_addr} port={} user=postgres dbname=postgres connect_timeout=3 \
@@ -1133,6 +1161,20 @@ fn kafka_sink_silent_peers() {
     let sink = start_sink_in(Some(&net), &conninfo, &kafka, &logs, 0, &args);
     sink.wait_streaming();
     wait_progress(&b.addr, &sink, &load.over);
+    // the metrics, reached over PostgreSQL's link while the broker's is cut
+    let port = sink
+        .log()
+        .lines()
+        .find_map(|l| l.strip_prefix("pgwal: metrics at http://0.0.0.0:"))
+        .and_then(|r| r.strip_suffix("/metrics"))
+        .unwrap_or_else(|| panic!("no metrics address in\n{}", sink.log()))
+        .to_owned();
+    let metrics_at = format!("{from}:{port}");
+    assert_eq!(
+        http_get(&metrics_at, "/readyz").0,
+        200,
+        "{label}: not ready while streaming"
+    );
 
     // PostgreSQL falls silent: the receive timeout ends the session
     let before = sink.log().len();
@@ -1158,12 +1200,54 @@ fn kafka_sink_silent_peers() {
         "Kafka failed; starting over",
         Duration::from_secs_f64(kafka_timeout * 4.0),
     );
-    std::thread::sleep(Duration::from_secs(5));
+    // starting over, the sink does not stream: a supervisor's readiness
+    // probe says so
+    let t0 = Instant::now();
+    let mut unready = false;
+    while t0.elapsed() < Duration::from_secs(5) {
+        let (code, _) = http_get(&metrics_at, "/readyz");
+        unready |= code == 503;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        unready,
+        "{label}: /readyz said ready all through the broker's silence"
+    );
     net.heal(to_kafka);
     let healed = Instant::now();
     wait_progress(&b.addr, &sink, &load.over);
     let resumed_kafka = healed.elapsed();
 
+    let (code, m) = http_get(&metrics_at, "/metrics");
+    assert_eq!(code, 200, "{label}: /metrics");
+    assert_eq!(http_get(&metrics_at, "/livez").0, 200, "{label}: /livez");
+    assert_eq!(
+        http_get(&metrics_at, "/readyz").0,
+        200,
+        "{label}: /readyz after healing"
+    );
+    assert_eq!(sample(&m, "pgwal_kafka_streaming"), 1.0, "{label}");
+    assert!(sample(&m, "pgwal_reconnects_total") >= 1.0, "{label}: {m}");
+    assert!(
+        sample(&m, "pgwal_kafka_restarts_total") >= 1.0,
+        "{label}: {m}"
+    );
+    assert!(
+        sample(&m, "pgwal_kafka_commits_total") >= 1.0,
+        "{label}: {m}"
+    );
+    assert!(
+        sample(&m, "pgwal_kafka_commit_seconds_total") > 0.0,
+        "{label}: {m}"
+    );
+    assert!(
+        sample(
+            &m,
+            "pgwal_kafka_records_total{topic=\"pgwal.public.items\"}"
+        ) > 0.0,
+        "{label}: {m}"
+    );
+    assert!(sample(&m, "pgwal_kafka_position_lsn") > 0.0, "{label}: {m}");
     let load_rounds = load.finish();
     let (ok, log) = sink.terminate();
     assert!(ok, "{label}: pgwal failed on SIGTERM:\n{log}");

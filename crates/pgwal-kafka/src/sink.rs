@@ -42,6 +42,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -51,6 +52,7 @@ use pgwal_protocol::PgTimestamp;
 use crate::bad_records::{self, BadRecordPolicy, BadRecordReason};
 use crate::format::{encode, stamp, Format, FormatError, Record, TxInfo, TxOrder};
 use crate::keys::{primary_key_query, KeyColumns};
+use crate::live::SinkLive;
 use crate::producer::{KafkaProducer, ProducerConfig, ProducerError};
 use crate::progress;
 use crate::routing::Routing;
@@ -106,6 +108,9 @@ pub struct SinkConfig {
     /// one is a bad record. Keep it at or below librdkafka's
     /// `message.max.bytes` and the topics' `max.message.bytes`.
     pub max_record_bytes: usize,
+    /// Counters and positions while the sink runs, for metrics and health
+    /// checks (see [`SinkLive`]).
+    pub live: Arc<SinkLive>,
 }
 
 impl SinkConfig {
@@ -133,6 +138,7 @@ impl SinkConfig {
             key_columns: KeyColumns::new(),
             bad_records: BadRecordPolicy::Fail,
             max_record_bytes: 1_000_000,
+            live: Arc::new(SinkLive::new()),
         }
     }
 }
@@ -287,6 +293,7 @@ pub async fn run(
                 }
                 tracing::warn!(error = %e, retry_in = ?backoff, "Kafka failed; starting over from Kafka's progress");
                 stats.kafka_restarts += 1;
+                sink.live.kafka_restart();
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {}
                     _ = &mut stop => return Ok(stats),
@@ -343,6 +350,10 @@ struct Session<'a> {
     failed_streamed: HashMap<u32, Vec<(u32, SinkError)>>,
     /// Where the current transaction's records stand in it.
     order: TxOrder,
+    /// The server's commit time of the latest transaction written.
+    tx_commit_time: Option<PgTimestamp>,
+    /// When the commit in flight started, and `tx_commit_time` then.
+    commit_started: Option<(Instant, Option<PgTimestamp>)>,
     skip_current: bool,
     /// Streamed transactions in progress, and the one whose block is open.
     streamed: HashMap<u32, Spill>,
@@ -381,6 +392,8 @@ impl<'a> Session<'a> {
             current: None,
             failed_streamed: HashMap::new(),
             order: TxOrder::new(),
+            tx_commit_time: None,
+            commit_started: None,
             skip_current: false,
             streamed: HashMap::new(),
             block: None,
@@ -491,7 +504,11 @@ impl<'a> Session<'a> {
             slot = %stream.confirmed(),
             "streaming into Kafka from what it holds"
         );
+        let live = &self.sink.live;
+        live.positions(committed, stream.confirmed(), stream.server_wal_end());
+        live.set_streaming(true);
         let result = self.pump(&mut stream, &mut producer, stop).await;
+        self.sink.live.set_streaming(false);
         if result.is_err() {
             // nothing partial may commit; the broker aborts it anyway once
             // the next producer fences this one
@@ -517,6 +534,9 @@ impl<'a> Session<'a> {
             if let Some(l) = self.to_ack.take() {
                 stream.ack(l);
             }
+            self.sink
+                .live
+                .positions(None, stream.confirmed(), stream.server_wal_end());
             let committing = self.committing.is_some();
             let event = tokio::select! {
                 // reading goes on while Kafka commits
@@ -586,6 +606,8 @@ impl<'a> Session<'a> {
                     stream.ack(c.end_lsn);
                 } else {
                     self.stats.transactions += 1;
+                    self.sink.live.transaction();
+                    self.tx_commit_time = Some(c.commit_time);
                     self.transaction_done(c.end_lsn, producer).await?;
                 }
             }
@@ -644,6 +666,8 @@ impl<'a> Session<'a> {
                     self.send(&r, producer).await?;
                 }
                 self.stats.transactions += 1;
+                self.sink.live.transaction();
+                self.tx_commit_time = Some(c.commit_time);
                 self.transaction_done(c.end_lsn, producer).await?;
             }
             // delivered only between transactions (the stream holds it back
@@ -654,11 +678,14 @@ impl<'a> Session<'a> {
                     && *wal_end > self.written.max(self.pending_end.unwrap_or_default()) =>
             {
                 self.stats.heartbeats += 1;
+                // no transaction: the lag stays that of the last one
+                self.tx_commit_time = None;
                 self.transaction_done(*wal_end, producer).await?;
             }
             Event::Reconnected { restart_lsn } => {
                 // everything after the acknowledged position comes again
                 tracing::info!(%restart_lsn, "stream reconnected; aborting the open Kafka transaction");
+                self.sink.live.reconnect();
                 // what the commit in flight holds is complete; what came
                 // after it comes again
                 self.held.clear();
@@ -783,11 +810,13 @@ impl<'a> Session<'a> {
             BadRecordPolicy::Skip => {
                 tracing::warn!(%table, %lsn, xid = tx.xid, reason = %reason, "change skipped (--kafka-bad-records skip)");
                 self.stats.bad_skipped += 1;
+                self.sink.live.bad_record(false);
                 Ok(None)
             }
             BadRecordPolicy::DeadLetter { topic } => {
                 tracing::warn!(%table, %lsn, xid = tx.xid, reason = %reason, %topic, "change written to the dead-letter topic");
                 self.stats.dead_lettered += 1;
+                self.sink.live.bad_record(true);
                 let with_rows = !matches!(reason, BadRecordReason::TooLarge { .. });
                 let r = bad_records::dead_letter(topic, event, tx, &reason, key, with_rows);
                 Ok(Some(vec![r]))
@@ -826,6 +855,7 @@ impl<'a> Session<'a> {
         let n = r.key.as_ref().map_or(0, Vec::len) + r.value.as_ref().map_or(0, Vec::len);
         self.stats.records += 1;
         self.stats.bytes += n as u64;
+        self.sink.live.record(&r.topic, n);
         if self.committing.is_some() {
             self.held.push(r.clone());
             self.held_bytes += n;
@@ -865,6 +895,13 @@ impl<'a> Session<'a> {
         r.map_err(|e| self.kafka(e))?;
         self.committed_any = true;
         self.stats.kafka_commits += 1;
+        let (took, commit_time) = match self.commit_started.take() {
+            Some((started, t)) => (started.elapsed(), t),
+            None => (Duration::ZERO, None),
+        };
+        let lag = commit_time
+            .map(|t| Duration::from_micros(PgTimestamp::now().0.saturating_sub(t.0).max(0) as u64));
+        self.sink.live.kafka_commit(took, end, lag);
         self.stats.position = Some(end);
         self.written = end;
         self.to_ack = Some(end);
@@ -922,6 +959,7 @@ impl<'a> Session<'a> {
             .await
             .map_err(|e| self.kafka(e))?;
         self.committing = Some((Box::pin(c), end));
+        self.commit_started = Some((Instant::now(), self.tx_commit_time));
         self.batch_bytes = 0;
         self.batch_since = None;
         Ok(())
