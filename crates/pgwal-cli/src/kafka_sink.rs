@@ -71,6 +71,12 @@ pub(crate) struct KafkaArgs {
     /// Write a tombstone (null value) after each delete, for log compaction.
     #[arg(long = "kafka-tombstones")]
     tombstones: bool,
+    /// Debezium's transaction block in each record (provide.transaction.metadata):
+    /// "<xid>:<commit LSN>" and the record's order in its transaction, overall
+    /// and in its table. Off by default, as in Debezium (about 80 bytes more
+    /// per record).
+    #[arg(long = "kafka-transaction-metadata")]
+    transaction_metadata: bool,
     /// The compacted topic where the stream's position commits with its
     /// records (created if missing; shared by streams, keyed by server and
     /// slot).
@@ -189,6 +195,7 @@ pub(crate) async fn run(
                 DecimalArg::Double => DecimalMode::Double,
             },
             tombstones: a.tombstones,
+            transaction_metadata: a.transaction_metadata,
         },
     };
     let mut sink = SinkConfig::new(a.brokers.expect("checked by conflict()"), routing, format);

@@ -12,6 +12,8 @@
 #   kafka-dbz-32m  as kafka-dbz with --kafka-batch-bytes 32 MiB (fewer,
 #              larger Kafka transactions; during a drain the 4 MiB default,
 #              not the 100 ms, ends each)
+#   kafka-dbz-base as kafka-dbz, run by the pgwal binary $PGWAL_BASE_CLI (one
+#              built from another commit: a regression check in one run)
 #   kafka-dbz-tls  as kafka-dbz over the broker's SASL_SSL listener (TLS,
 #              SCRAM-SHA-512; the broker runs with --secure for every
 #              variant, so plaintext and TLS runs share one broker)
@@ -101,8 +103,14 @@ for round in $(seq 1 "$rounds"); do
 	for v in "${variants[@]}"; do
 		n=$((n + 1))
 		args=(-d "$conn" stream -S "s$n" -P p --stop-lsn "$stop" --slot-check-interval 0)
+		exe=$pgwal
 		case $v in
 		null) ;;
+		kafka-dbz-base)
+			[ -x "${PGWAL_BASE_CLI:-}" ] || { echo "kafka-dbz-base needs PGWAL_BASE_CLI (a pgwal binary)" >&2; exit 2; }
+			exe=$PGWAL_BASE_CLI
+			args+=(--sink kafka --kafka-brokers "$brokers" --kafka-topic-prefix "r$n" ${KAFKA_ARGS:-})
+			;;
 		kafka-dbz) args+=(--sink kafka --kafka-brokers "$brokers" --kafka-topic-prefix "r$n" ${KAFKA_ARGS:-}) ;;
 		kafka-dbz-32m) args+=(--sink kafka --kafka-brokers "$brokers" --kafka-topic-prefix "r$n" --kafka-batch-bytes 33554432 ${KAFKA_ARGS:-}) ;;
 		kafka-pg) args+=(--sink kafka --kafka-brokers "$brokers" --kafka-topic-prefix "r$n" --kafka-format pgwal ${KAFKA_ARGS:-}) ;;
@@ -112,7 +120,7 @@ for round in $(seq 1 "$rounds"); do
 		b0=$(cpu_ticks "$broker_pid")
 		log=$dir/run$n.log
 		PGWAL_LOG=pgwal_kafka::producer=debug /usr/bin/time -f "TIME %e %U %S %M" -o "$log.time" \
-			"$pgwal" "${args[@]}" >/dev/null 2>"$log"
+			"$exe" "${args[@]}" >/dev/null 2>"$log"
 		b1=$(cpu_ticks "$broker_pid")
 		read -r _ t u s kb <"$log.time"
 		# Kafka commits' durations, summed, in seconds

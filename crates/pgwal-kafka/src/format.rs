@@ -52,6 +52,12 @@ pub enum Format {
         decimal: DecimalMode,
         /// A record with a null value after each delete (for log compaction).
         tombstones: bool,
+        /// The transaction block (`id`, `total_order`,
+        /// `data_collection_order`), Debezium's
+        /// `provide.transaction.metadata`; off: `"transaction": null`, as
+        /// Debezium's default (the block makes each record about 80 bytes
+        /// larger).
+        transaction_metadata: bool,
     },
 }
 
@@ -309,13 +315,17 @@ pub fn encode(
                         Format::Debezium {
                             server_name,
                             database,
+                            transaction_metadata,
                             ..
                         } => debezium::envelope(
                             (server_name, database),
                             "t",
                             r,
                             tx,
-                            (t.lsn, order.next(&r.namespace, &r.name)),
+                            (
+                                t.lsn,
+                                transaction_metadata.then(|| order.next(&r.namespace, &r.name)),
+                            ),
                             Value::Null,
                             Value::Null,
                             now,
@@ -388,13 +398,17 @@ pub fn encode(
                 Format::Debezium {
                     server_name,
                     database,
+                    transaction_metadata,
                     ..
                 } => debezium::envelope(
                     (server_name, database),
                     op,
                     rel,
                     tx,
-                    (change.lsn, order.next(&rel.namespace, &rel.name)),
+                    (
+                        change.lsn,
+                        transaction_metadata.then(|| order.next(&rel.namespace, &rel.name)),
+                    ),
                     before.unwrap_or(Value::Null),
                     after.unwrap_or(Value::Null),
                     now,
@@ -482,7 +496,10 @@ pub fn stamp(
             v["commit_lsn"] = json!(tx.commit_lsn.to_string());
             v["commit_time"] = json!(tx.commit_time.to_iso8601());
         }
-        Format::Debezium { .. } => debezium::stamp(&mut v, tx, order),
+        Format::Debezium {
+            transaction_metadata,
+            ..
+        } => debezium::stamp(&mut v, tx, transaction_metadata.then_some(order)),
     }
     serde_json::to_vec(&v)
 }

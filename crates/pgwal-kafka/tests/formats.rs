@@ -114,6 +114,7 @@ fn debezium(tombstones: bool) -> Format {
         database: "postgres".into(),
         decimal: DecimalMode::Precise,
         tombstones,
+        transaction_metadata: true,
     }
 }
 

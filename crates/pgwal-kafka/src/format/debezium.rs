@@ -49,14 +49,15 @@ fn precision(typmod: i32) -> i32 {
 
 /// The envelope; `source.name` and `source.db` from `server_name` and
 /// `database`; `lsn` is the change's own position, `orders` its
-/// `(total_order, data_collection_order)` in the transaction.
+/// `(total_order, data_collection_order)` in the transaction when the
+/// transaction block is wanted.
 ///
 /// `source.lsn` is the change's position, as Debezium's. `source.sequence`
 /// is `["<commit LSN>","<change LSN>"]`: Debezium puts the last commit
 /// *before* the transaction first; either way the pair sorts records in
 /// the stream's order (transactions in commit order, changes in WAL order
 /// within one), which the change LSN alone does not. The transaction block
-/// is always there (Debezium's `provide.transaction.metadata`), its `id`
+/// (Debezium's `provide.transaction.metadata`) has the `id`
 /// `"<xid>:<commit LSN>"` (an xid alone repeats after wraparound).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn envelope(
@@ -64,7 +65,7 @@ pub(super) fn envelope(
     op: &str,
     rel: &Relation,
     tx: &TxInfo,
-    (lsn, (total_order, table_order)): (Lsn, (u64, u64)),
+    (lsn, orders): (Lsn, Option<(u64, u64)>),
     before: Value,
     after: Value,
     now: PgTimestamp,
@@ -89,11 +90,15 @@ pub(super) fn envelope(
         },
         "op": op,
         "ts_ms": ms(now),
-        "transaction": {
-            "id": transaction_id(tx),
-            "total_order": total_order,
-            "data_collection_order": table_order,
-        },
+        "transaction": orders.map(|(total, table)| transaction(tx, total, table)),
+    })
+}
+
+fn transaction(tx: &TxInfo, total_order: u64, table_order: u64) -> Value {
+    json!({
+        "id": transaction_id(tx),
+        "total_order": total_order,
+        "data_collection_order": table_order,
     })
 }
 
@@ -106,21 +111,19 @@ fn transaction_id(tx: &TxInfo) -> String {
 }
 
 /// Sets the commit fields of an envelope written before the commit, and
-/// its orders from `order`.
-pub(super) fn stamp(v: &mut Value, tx: &TxInfo, order: &mut TxOrder) {
+/// its transaction block's orders from `order` when it has one.
+pub(super) fn stamp(v: &mut Value, tx: &TxInfo, order: Option<&mut TxOrder>) {
     let lsn = Lsn(v["source"]["lsn"].as_u64().unwrap_or(0));
     v["source"]["ts_ms"] = json!(millis(tx.commit_time));
     v["source"]["txId"] = json!(tx.xid);
     v["source"]["sequence"] = json!(sequence(tx.commit_lsn, lsn));
-    let (total, table) = order.next(
-        v["source"]["schema"].as_str().unwrap_or_default(),
-        v["source"]["table"].as_str().unwrap_or_default(),
-    );
-    v["transaction"] = json!({
-        "id": transaction_id(tx),
-        "total_order": total,
-        "data_collection_order": table,
-    });
+    if let Some(order) = order {
+        let (total, table) = order.next(
+            v["source"]["schema"].as_str().unwrap_or_default(),
+            v["source"]["table"].as_str().unwrap_or_default(),
+        );
+        v["transaction"] = transaction(tx, total, table);
+    }
 }
 
 fn millis(t: PgTimestamp) -> i64 {
