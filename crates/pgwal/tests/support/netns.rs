@@ -48,7 +48,9 @@ impl SilentNet {
     /// links numbered 0.. (10.N.i.1 here, 10.N.i.2 there, N from the pid).
     pub fn new(tag: &str, links: usize) -> SilentNet {
         let pid = std::process::id();
-        let ns = format!("pgwal-{tag}-{pid}");
+        // not "pgwal-...", the lab's prefix: the lab's leak checks and
+        // cleanup (running beside these tests in CI) would take it as theirs
+        let ns = format!("crates-{tag}-{pid}");
         let _ = Command::new("ip").args(["netns", "del", &ns]).output();
         ip(&["netns", "add", &ns]);
         let mut net = SilentNet {
@@ -60,8 +62,8 @@ impl SilentNet {
         let second = 200 + pid % 50;
         for i in 0..links {
             // interface names: at most 15 bytes
-            let host_if = format!("pw{}h{i}", pid % 100_000);
-            let ns_if = format!("pw{}n{i}", pid % 100_000);
+            let host_if = format!("ct{}h{i}", pid % 100_000);
+            let ns_if = format!("ct{}n{i}", pid % 100_000);
             let _ = Command::new("ip").args(["link", "del", &host_if]).output();
             ip(&[
                 "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if,
