@@ -15,24 +15,28 @@ use pgwal_kafka::SinkLive;
 #[derive(Debug)]
 struct SinkCollector(Arc<SinkLive>);
 
-fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
-    let c = ConstCounter::new(v);
-    c.encode(e.encode_descriptor(name, help, None, c.metric_type())?)
+/// One metric without labels: a counter or a gauge of any number type.
+fn metric(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    m: impl EncodeMetric,
+) -> std::fmt::Result {
+    m.encode(e.encode_descriptor(name, help, None, m.metric_type())?)
 }
 
-fn counter_f(e: &mut DescriptorEncoder, name: &str, help: &str, v: f64) -> std::fmt::Result {
-    let c = ConstCounter::new(v);
-    c.encode(e.encode_descriptor(name, help, None, c.metric_type())?)
+fn counter<N>(e: &mut DescriptorEncoder, name: &str, help: &str, v: N) -> std::fmt::Result
+where
+    ConstCounter<N>: EncodeMetric,
+{
+    metric(e, name, help, ConstCounter::new(v))
 }
 
-fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: i64) -> std::fmt::Result {
-    let g = ConstGauge::new(v);
-    g.encode(e.encode_descriptor(name, help, None, g.metric_type())?)
-}
-
-fn gauge_f(e: &mut DescriptorEncoder, name: &str, help: &str, v: f64) -> std::fmt::Result {
-    let g = ConstGauge::new(v);
-    g.encode(e.encode_descriptor(name, help, None, g.metric_type())?)
+fn gauge<N>(e: &mut DescriptorEncoder, name: &str, help: &str, v: N) -> std::fmt::Result
+where
+    ConstGauge<N>: EncodeMetric,
+{
+    metric(e, name, help, ConstGauge::new(v))
 }
 
 impl Collector for SinkCollector {
@@ -75,13 +79,13 @@ impl Collector for SinkCollector {
             "Kafka transactions committed",
             l.kafka_commits(),
         )?;
-        counter_f(
+        counter(
             &mut e,
             "pgwal_kafka_commit_seconds",
             "Time from each Kafka commit's start to the broker's answer, summed",
             l.commit_time().as_secs_f64(),
         )?;
-        gauge_f(
+        gauge(
             &mut e,
             "pgwal_kafka_last_commit_seconds",
             "The latest Kafka commit's time",
@@ -135,7 +139,7 @@ impl Collector for SinkCollector {
             "Bytes of server WAL beyond Kafka's progress",
             l.lag_bytes() as i64,
         )?;
-        gauge_f(
+        gauge(
             &mut e,
             "pgwal_lag_seconds",
             "At the latest Kafka commit: how long after its last transaction's commit on the server",

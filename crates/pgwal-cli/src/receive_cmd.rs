@@ -82,7 +82,7 @@ pub(crate) struct ReceiveArgs {
     /// asked for after half this many seconds, for this long (a server,
     /// host or network gone without a reset); 0: never. Like the server's
     /// wal_receiver_timeout; keep it above half its wal_sender_timeout.
-    #[arg(long, default_value_t = 60.0, value_parser = parse_timeout_secs)]
+    #[arg(long, default_value_t = 60.0, value_parser = crate::stream_cmd::parse_timeout_secs)]
     receive_timeout: f64,
     /// Exit once WAL up to this position is written and fsynced.
     #[arg(short = 'E', long, value_parser = parse_lsn)]
@@ -161,15 +161,4 @@ pub(crate) async fn run(config: Config, a: ReceiveArgs) -> Result<()> {
         progress.flushed()
     );
     Ok(())
-}
-
-/// A number of seconds, 0 or at least 0.1 (a shorter receive timeout would
-/// time out a live server between its keepalives).
-fn parse_timeout_secs(s: &str) -> std::result::Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v == 0.0 || (v.is_finite() && (0.1..=86_400.0).contains(&v)) => Ok(v),
-        _ => Err(format!(
-            "{s}: expected 0 (never) or seconds from 0.1 to 86400"
-        )),
-    }
 }

@@ -488,7 +488,7 @@ pub(crate) async fn run(
 
 /// A number of seconds, 0 or at least 0.1 (a shorter receive timeout would
 /// time out a live server between its keepalives).
-fn parse_timeout_secs(s: &str) -> std::result::Result<f64, String> {
+pub(crate) fn parse_timeout_secs(s: &str) -> std::result::Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v == 0.0 || (v.is_finite() && (0.1..=86_400.0).contains(&v)) => Ok(v),
         _ => Err(format!(

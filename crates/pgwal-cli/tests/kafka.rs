@@ -494,22 +494,8 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize, secure: bool) {
             ..Options::default()
         },
     );
-    c.psql(SETUP);
-    block_on(async {
-        let mut rc = ReplicationClient::connect(&config(&c, "postgres"))
-            .await
-            .unwrap();
-        for slot in ["ref", "kslot"] {
-            rc.create_logical_slot(slot, &CreateSlotOptions::new())
-                .await
-                .unwrap();
-        }
-    });
     // kept when the test fails
-    let logs =
-        std::env::temp_dir().join(format!("pgwal-kafka-sink-{label}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&logs);
-    std::fs::create_dir_all(&logs).unwrap();
+    let logs = setup_with_reference(&c, label, "sink");
 
     let load = Load::start(&c);
     let load_over = load.over.clone();
@@ -581,6 +567,28 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize, secure: bool) {
          and restarted {restarts} times after Kafka errors, and committed {heartbeats} heartbeats",
         committed, uncommitted
     );
+}
+
+/// SETUP, the slots `ref` (the reference stream) and `kslot` (the
+/// sink's), made before any load, and an empty directory for pgwal's logs
+/// named after `what`.
+fn setup_with_reference(c: &Cluster, label: &str, what: &str) -> PathBuf {
+    c.psql(SETUP);
+    block_on(async {
+        let mut rc = ReplicationClient::connect(&config(c, "postgres"))
+            .await
+            .unwrap();
+        for slot in ["ref", "kslot"] {
+            rc.create_logical_slot(slot, &CreateSlotOptions::new())
+                .await
+                .unwrap();
+        }
+    });
+    let logs =
+        std::env::temp_dir().join(format!("pgwal-kafka-{what}-{label}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&logs);
+    std::fs::create_dir_all(&logs).unwrap();
+    logs
 }
 
 /// The paced load (round_sql), on its own thread until `finish`.
@@ -1127,21 +1135,7 @@ fn kafka_sink_silent_peers() {
             ..Options::default()
         },
     );
-    c.psql(SETUP);
-    block_on(async {
-        let mut rc = ReplicationClient::connect(&config(&c, "postgres"))
-            .await
-            .unwrap();
-        for slot in ["ref", "kslot"] {
-            rc.create_logical_slot(slot, &CreateSlotOptions::new())
-                .await
-                .unwrap();
-        }
-    });
-    let logs =
-        std::env::temp_dir().join(format!("pgwal-kafka-silent-{label}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&logs);
-    std::fs::create_dir_all(&logs).unwrap();
+    let logs = setup_with_reference(&c, label, "silent");
 
     let load = Load::start(&c);
     let receive_timeout = 4.0;
