@@ -396,11 +396,10 @@ def _short_receiver_audit(bin_dir, tmp_path):
     assert audit_receiver.failures(records) is None, audit_receiver.failures(records)
     cells = {(r["fault"], r["mode"]) for r in records}
     assert cells == {(f, m) for f in audit_receiver.FAULTS for m in audit_receiver.MODES}
-    # a crash may come before a cycle's first acknowledgement (CI failed on
-    # one such --ack flush cycle on a loaded machine), not in every cycle of
-    # a cell
-    for cell in cells:
-        assert sum(r["acked_before_fault"] for r in records if (r["fault"], r["mode"]) == cell) > 0, cell
+    # the crash waits for a cycle's first acknowledgement (once, on a loaded
+    # machine, both --ack flush cycles of a cell crashed before theirs)
+    for r in records:
+        assert r["acked_before_fault"] > 0, r
     for r in records:
         if audit_receiver.promised(r["mode"], r["fault"]):
             assert r["commit_records"] >= r["acked_before_fault"], r

@@ -102,6 +102,19 @@ class Load:
         for t in self.threads:
             t.start()
 
+    def acked_count(self) -> int:
+        return sum(len(w.acked) for w in self.writers)
+
+    def wait_for_ack(self, timeout: float) -> bool:
+        """Until some writer saw a COMMIT acknowledged (True), a writer
+        failed, or `timeout` seconds passed (False)."""
+        deadline = time.monotonic() + timeout
+        while self.acked_count() == 0:
+            if time.monotonic() > deadline or any(w.error for w in self.writers):
+                return False
+            time.sleep(0.01)
+        return True
+
     def finish(self, timeout: float = 90) -> None:
         """After the fault: every session ends with an error or at `stop`."""
         self.stop.set()

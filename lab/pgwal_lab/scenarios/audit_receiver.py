@@ -6,7 +6,9 @@ One server whose synchronous_standby_names names the receiver; the receiver
 writes into a directory under a volatile page cache (the shim, as the
 audit's nodes: what was not fsynced is lost at an emulated power loss).  Each
 cycle starts a WAL segment, (re)starts the receiver, runs the ledger writers
-(audit/ledger.py) at the level the mode serves, then crashes the receiver:
+(audit/ledger.py) at the level the mode serves for `load_s` and at least
+until the first acknowledgement (a receiver that acknowledges nothing for a
+minute is a violation), then crashes the receiver:
 
   receiver-kill   SIGKILL
   receiver-power  SIGKILL, then its unsynced writes dropped
@@ -48,6 +50,7 @@ MODES = ("flush", "write", "receive")
 FAULTS = ("receiver-kill", "receiver-power")
 LEVEL = {"flush": "on", "write": "remote_write", "receive": "remote_write"}
 APP = "pgwal_receive"
+FIRST_ACK_TIMEOUT_S = 60.0
 DEFAULTS = {"cycles": 100, "modes": list(MODES), "faults": list(FAULTS), "load_s": [0.3, 1.5], "seed": 1}
 SMOKE = {"cycles": 2, "load_s": [0.3, 0.8]}
 SETTINGS = {"max_prepared_transactions": 20, "log_min_messages": "warning", "shared_buffers": "128MB",
@@ -153,6 +156,11 @@ def run_cycle(ctx: Context, primary, recv: Receiver, cycle: int, mode: str, faul
     load = Load(primary.conninfo(), cycle, {"synchronous_commit": LEVEL[mode]}, [])
     load.start()
     time.sleep(load_s)
+    # a crash before the first acknowledgement tests nothing: on a loaded
+    # machine the writers' first commits can take longer than load_s
+    waited = time.monotonic()
+    first_ack = load.wait_for_ack(FIRST_ACK_TIMEOUT_S)
+    waited = time.monotonic() - waited
     load.fault_at = time.monotonic()
     undone = recv.crash(power_loss=fault == "receiver-power")
     acked = [(w.kind, x) for w in load.writers for x in w.acked if x.t < load.fault_at]
@@ -163,11 +171,15 @@ def run_cycle(ctx: Context, primary, recv: Receiver, cycle: int, mode: str, faul
     load.finish()
     rec = {"cycle": cycle, "mode": mode, "fault": fault, "load_s": round(load_s, 3), "undone": undone,
            "acked_before_fault": len(acked), "acked_lost": len(lost), "lost_examples": lost[:5],
+           "waited_for_first_ack_s": round(waited, 3),
            "commit_records": len(xids), "waldump_end": ended[:200],
            "writer_errors": [w.error for w in load.writers if w.error],
            "void": any(w.error for w in load.writers)}
     rec["violations"] = ([f"{len(lost)} acknowledged commits missing from the receiver's files: "
                           f"{'; '.join(lost[:5])}"] if lost and promised(mode, fault) else [])
+    if not first_ack and not rec["void"]:
+        # the receiver acknowledged nothing for FIRST_ACK_TIMEOUT_S: a liveness failure
+        rec["violations"].append(f"no commit acknowledged within {FIRST_ACK_TIMEOUT_S:.0f} s of the load's start")
     return rec
 
 
