@@ -11,12 +11,12 @@
 #   crates/test.sh          everything below, in order
 #   crates/test.sh build    only what needs no server: rustfmt, clippy, rustdoc
 #                           with missing_docs denied, the
-#                           test build (cargo test --no-run) and cargo install;
-#                           installs no packages (tools/test-all runs it beside
-#                           the server suites, which may be using apt)
+#                           test build (cargo test --no-run), cargo install
+#                           and the Windows build check (tools/test-all runs
+#                           it beside the server suites; the MinGW compiler it
+#                           may install waits for dpkg's lock)
 #   crates/test.sh run      the rest: packages and older servers, the tests
-#                           (built first if the build step did not run), the
-#                           Windows build check
+#                           (built first if the build step did not run)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
@@ -85,6 +85,27 @@ if want build; then
 	esac
 	echo "test.sh: cargo install --path pgwal-cli works ($("$install_root/bin/pgwal" --version))"
 	phase_done "cargo install"
+
+	# The library builds on a non-Unix target (Unix-domain sockets and the
+	# receive low-water mark are Unix-only): cargo check for Windows, with the
+	# MinGW C compiler that ring's build script needs.
+	if rustup target list --installed 2>/dev/null | grep -qx x86_64-pc-windows-gnu ||
+		rustup target add x86_64-pc-windows-gnu >/dev/null 2>&1; then
+		if ! command -v x86_64-w64-mingw32-gcc >/dev/null; then
+			echo "test.sh: installing gcc-mingw-w64-x86-64 for the Windows check"
+			DEBIAN_FRONTEND=noninteractive apt-get "${apt_wait[@]}" install -y -q gcc-mingw-w64-x86-64 >/dev/null || true
+		fi
+		if command -v x86_64-w64-mingw32-gcc >/dev/null; then
+			cargo check -q -p pgwal-protocol -p pgwal --target x86_64-pc-windows-gnu
+			echo "test.sh: the library builds for x86_64-pc-windows-gnu"
+		else
+			echo "test.sh: NOTICE: no MinGW compiler; the non-Unix build check is skipped"
+		fi
+	else
+		echo "test.sh: NOTICE: no x86_64-pc-windows-gnu target; the non-Unix build check is skipped"
+	fi
+
+	phase_done "the Windows build check"
 fi
 want run || exit 0
 
@@ -114,7 +135,19 @@ kafka_exe=$(cargo test "${packages[@]}" --no-run 2>&1 |
 	sed -n 's/.*Executable tests\/kafka.rs (\(.*\))$/\1/p')
 [ -n "$kafka_exe" ] || { echo "test.sh: the Kafka test binary was not built" >&2; exit 1; }
 kafka_log=$(mktemp)
-(cd pgwal-cli && "$here/$kafka_exe") >"$kafka_log" 2>&1 &
+# one at a time (they take turns with one broker anyway), each with its time
+run_kafka_tests() {
+	local t rc=0 t0 tests
+	tests=$("$here/$kafka_exe" --list 2>/dev/null | sed -n 's/: test$//p')
+	[ -n "$tests" ] || { echo "test.sh: the Kafka test binary lists no tests"; return 1; }
+	for t in $tests; do
+		t0=$SECONDS
+		"$here/$kafka_exe" --exact "$t" || rc=1
+		echo "test.sh: $t took $((SECONDS - t0)) s"
+	done
+	return $rc
+}
+(cd pgwal-cli && run_kafka_tests) >"$kafka_log" 2>&1 &
 kafka_pid=$!
 rc=0
 # (one cargo test over all the packages, as built: a subset would unify
@@ -130,24 +163,4 @@ rm -f "$kafka_log"
 [ $rc -eq 0 ] || exit $rc
 phase_done "cargo test"
 
-# The library builds on a non-Unix target (Unix-domain sockets and the
-# receive low-water mark are Unix-only): cargo check for Windows, with the
-# MinGW C compiler that ring's build script needs.
-if rustup target list --installed 2>/dev/null | grep -qx x86_64-pc-windows-gnu ||
-	rustup target add x86_64-pc-windows-gnu >/dev/null 2>&1; then
-	if ! command -v x86_64-w64-mingw32-gcc >/dev/null; then
-		echo "test.sh: installing gcc-mingw-w64-x86-64 for the Windows check"
-		DEBIAN_FRONTEND=noninteractive apt-get "${apt_wait[@]}" install -y -q gcc-mingw-w64-x86-64 >/dev/null || true
-	fi
-	if command -v x86_64-w64-mingw32-gcc >/dev/null; then
-		cargo check -q -p pgwal-protocol -p pgwal --target x86_64-pc-windows-gnu
-		echo "test.sh: the library builds for x86_64-pc-windows-gnu"
-	else
-		echo "test.sh: NOTICE: no MinGW compiler; the non-Unix build check is skipped"
-	fi
-else
-	echo "test.sh: NOTICE: no x86_64-pc-windows-gnu target; the non-Unix build check is skipped"
-fi
-
-phase_done "the Windows build check"
 

@@ -22,7 +22,7 @@ set +e
 markers=()
 [ -z "${PYTEST_MARKERS:-}" ] || markers=(-m "$PYTEST_MARKERS")
 # shellcheck disable=SC2086 # PYTEST_ARGS is a list of words
-(cd "$here" && timeout 2700 "$venv/bin/python" -m pytest -v "${markers[@]}" ${PYTEST_ARGS:-} tests)
+(cd "$here" && timeout 2700 "$venv/bin/python" -m pytest -v --durations=20 "${markers[@]}" ${PYTEST_ARGS:-} tests)
 rc=$?
 set -e
 if [ $rc -eq 5 ]; then
