@@ -469,6 +469,9 @@ fn count_in(log: &str, what: &str) -> u64 {
 /// plaintext listener).
 fn exactly_once(label: &'static str, bin: &Path, rounds: usize, secure: bool) {
     let _one = one_broker();
+    // where the time goes (shown with --nocapture or when the test fails)
+    let t = Instant::now();
+    let phase = |what: &str| eprintln!("{label}: {:6.1} s {what}", t.elapsed().as_secs_f64());
     let (b, kafka) = if secure {
         let b = Broker::start_secure(label);
         let s = b.secure.clone().unwrap();
@@ -494,6 +497,7 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize, secure: bool) {
             ..Options::default()
         },
     );
+    phase("broker and server started");
     // kept when the test fails
     let logs = setup_with_reference(&c, label, "sink");
 
@@ -508,9 +512,12 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize, secure: bool) {
     let mut n = 0;
     let mut sink = start_sink(&c, &kafka, &logs, n, &quiet);
     wait_progress(&b.addr, &sink, &load_over);
+    phase("streaming into Kafka");
     for round in 0..rounds {
         b.crash_and_restart();
+        phase("broker crashed and restarted");
         wait_progress(&b.addr, &sink, &load_over);
+        phase("progress after the broker's restart");
         // the sink may be between two sessions (a Kafka error after the
         // broker's restart starts it over, stream included): wait for its
         // walsender
@@ -532,7 +539,9 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize, secure: bool) {
             sink.log()
         );
         wait_progress(&b.addr, &sink, &load_over);
+        phase("progress after the walsender's end");
         let behind = sink.kill_with_slot_behind(&c, &b.addr, &load_over);
+        phase("pgwal SIGKILLed with the slot behind Kafka");
         assert!(
             behind,
             "{label} round {round}: Kafka never got ahead of the slot in 60 s"
@@ -541,8 +550,10 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize, secure: bool) {
         sink = start_sink(&c, &kafka, &logs, n, &quiet);
         sink.wait_streaming();
         wait_progress(&b.addr, &sink, &load_over);
+        phase("progress after pgwal's restart");
     }
     let load_rounds = load.finish();
+    phase("load finished");
     let (ok, log) = sink.terminate();
     assert!(ok, "{label}: pgwal failed on SIGTERM:\n{log}");
     let ahead = count_in(&log, "starts ahead of the slot");
@@ -557,8 +568,10 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize, secure: bool) {
     let (ok, last_log) = start_sink(&c, &kafka, &logs, n + 1, &["--stop-lsn", &end.to_string()])
         .wait(Duration::from_secs(300));
     assert!(ok, "{label}: the catch-up run failed:\n{last_log}");
+    phase("caught up");
 
     let (committed, uncommitted) = check_exactly_once(label, &c, &b.addr, end);
+    phase("checked");
     let _ = std::fs::remove_dir_all(&logs);
     eprintln!(
         "{label}: {load_rounds} load rounds, {} records read_committed, {} read_uncommitted \
