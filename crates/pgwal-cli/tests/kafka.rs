@@ -1087,6 +1087,10 @@ fn sample(metrics: &str, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no sample {name} in\n{metrics}"))
 }
 
+/// How long the silent-peer test waits for the sink to notice a silent
+/// peer before it calls that a hang.
+const NOTICE_LIMIT: Duration = Duration::from_secs(120);
+
 /// Waits up to `limit` for `what` to appear in the sink's log after its
 /// `before` first bytes; how long it took.
 fn wait_for_log(sink: &Sink, before: usize, what: &str, limit: Duration) -> Duration {
@@ -1189,12 +1193,11 @@ fn kafka_sink_silent_peers() {
     // PostgreSQL falls silent: the receive timeout ends the session
     let before = sink.log().len();
     net.cut(to_pg);
-    let noticed_pg = wait_for_log(
-        &sink,
-        before,
-        "(receive timeout)",
-        Duration::from_secs_f64(receive_timeout * 4.0),
-    );
+    // the bounds catch a sink that never notices; how long it took is
+    // reported, not asserted: received WAL still buffered when the link
+    // went silent is consumed first, and on a loaded machine (CI once
+    // took more than 16 s) that takes a while
+    let noticed_pg = wait_for_log(&sink, before, "(receive timeout)", NOTICE_LIMIT);
     std::thread::sleep(Duration::from_secs(8));
     net.heal(to_pg);
     let healed = Instant::now();
@@ -1204,12 +1207,7 @@ fn kafka_sink_silent_peers() {
     // the broker falls silent: a Kafka call times out, the sink starts over
     let before = sink.log().len();
     net.cut(to_kafka);
-    let noticed_kafka = wait_for_log(
-        &sink,
-        before,
-        "Kafka failed; starting over",
-        Duration::from_secs_f64(kafka_timeout * 4.0),
-    );
+    let noticed_kafka = wait_for_log(&sink, before, "Kafka failed; starting over", NOTICE_LIMIT);
     // starting over, the sink does not stream: a supervisor's readiness
     // probe says so
     let t0 = Instant::now();
