@@ -597,6 +597,11 @@ fn setup_with_reference(c: &Cluster, label: &str, what: &str) -> PathBuf {
                 .unwrap();
         }
     });
+    fresh_log_dir(label, what)
+}
+
+/// An empty directory for pgwal's logs, named after `what` and `label`.
+fn fresh_log_dir(label: &str, what: &str) -> PathBuf {
     let logs =
         std::env::temp_dir().join(format!("pgwal-kafka-{what}-{label}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&logs);
@@ -762,10 +767,7 @@ fn cluster_with_kslot(label: &'static str, bin: &Path, what: &str) -> (Cluster, 
             .await
             .unwrap();
     });
-    let logs =
-        std::env::temp_dir().join(format!("pgwal-kafka-{what}-{label}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&logs);
-    std::fs::create_dir_all(&logs).unwrap();
+    let logs = fresh_log_dir(label, what);
     (c, logs)
 }
 
