@@ -77,6 +77,12 @@ pub(crate) struct KafkaArgs {
     /// per record).
     #[arg(long = "kafka-transaction-metadata")]
     transaction_metadata: bool,
+    /// Each key and value with its Kafka Connect schema, as Debezium's JSON
+    /// converter writes them with schemas.enable=true: {"schema": ...,
+    /// "payload": ...}. The schema follows the table's columns as they
+    /// change. Debezium format only.
+    #[arg(long = "kafka-json-schemas")]
+    json_schemas: bool,
     /// The compacted topic where the stream's position commits with its
     /// records (created if missing; shared by streams, keyed by server and
     /// slot).
@@ -173,6 +179,17 @@ fn parse_option(s: &str) -> Result<(String, String), String> {
     Ok((k.to_owned(), v.to_owned()))
 }
 
+impl KafkaArgs {
+    /// A combination of Kafka options clap cannot express, as its error
+    /// message.
+    pub(crate) fn conflict(&self) -> Option<&'static str> {
+        if self.json_schemas && self.format != FormatArg::Debezium {
+            return Some("--kafka-json-schemas needs --kafka-format debezium");
+        }
+        None
+    }
+}
+
 /// Runs the sink until Ctrl-C, SIGTERM, `--stop-lsn` or an error; prints
 /// what it did on stderr.
 pub(crate) async fn run(
@@ -196,6 +213,7 @@ pub(crate) async fn run(
             },
             tombstones: a.tombstones,
             transaction_metadata: a.transaction_metadata,
+            json_schemas: a.json_schemas,
         },
     };
     let mut sink = SinkConfig::new(a.brokers.expect("checked by conflict()"), routing, format);

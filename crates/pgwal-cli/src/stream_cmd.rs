@@ -171,6 +171,9 @@ impl StreamArgs {
             if self.messages {
                 return Some("--sink kafka does not write pg_logical_emit_message messages");
             }
+            if let Some(why) = self.kafka.conflict() {
+                return Some(why);
+            }
         } else if self.kafka.brokers.is_some() {
             return Some("--kafka-brokers needs --sink kafka");
         }

@@ -295,6 +295,7 @@ fn debezium() -> Format {
         decimal: DecimalMode::Precise,
         tombstones: false,
         transaction_metadata: true,
+        json_schemas: false,
     }
 }
 
@@ -1561,4 +1562,160 @@ fn bad_records(label: &'static str, bin: &Path, b: &Broker) {
     );
     let _ = std::fs::remove_dir_all(&logs);
     eprintln!("{label}: bad records: fail stopped with exit 5 before the bad transaction; skip and dead-letter wrote the rest");
+}
+
+/// `--kafka-json-schemas`: each key and value with its Kafka Connect
+/// schema, through the sink (a streamed transaction goes through the spill
+/// file and is stamped at its commit). The table changes shape outside and
+/// inside a streamed transaction: ADD COLUMN, ALTER TYPE, DROP COLUMN.
+/// Each record's schema describes its own payload, and Kafka Connect's
+/// JsonConverter reads every key and value as their schema says; a copy
+/// built from the topic equals the table.
+#[test]
+fn kafka_sink_json_schemas_follow_schema_changes() {
+    if !broker::have_java() {
+        eprintln!("NOTICE: no java; the Kafka schema test is skipped");
+        return;
+    }
+    let _one = one_broker();
+    let b = Broker::start("schemas");
+    let kafka = broker::sink_args(&b.addr, &[]);
+    for (label, bin) in support::servers() {
+        let t0 = Instant::now();
+        let c = Cluster::start(
+            label,
+            &bin,
+            Options {
+                conf: vec!["logical_decoding_work_mem = '64kB'".into()],
+                ..Options::default()
+            },
+        );
+        let table = format!("evolving_{label}");
+        c.psql(&format!(
+            "CREATE TABLE {table} (id int PRIMARY KEY, v int);
+             CREATE PUBLICATION p FOR TABLE {table};"
+        ));
+        block_on(async {
+            let mut rc = ReplicationClient::connect(&config(&c, "postgres"))
+                .await
+                .unwrap();
+            rc.create_logical_slot("kslot", &CreateSlotOptions::new())
+                .await
+                .unwrap();
+        });
+        let logs = fresh_log_dir(label, "schemas");
+        c.psql(&format!(
+            "INSERT INTO {table} VALUES (1, 1);
+             BEGIN;
+             INSERT INTO {table} SELECT g, g FROM generate_series(2, 2000) g;
+             ALTER TABLE {table} ADD COLUMN note text;
+             INSERT INTO {table} SELECT g, g, 'n' || g FROM generate_series(2001, 4000) g;
+             ALTER TABLE {table} ALTER COLUMN v TYPE bigint;
+             UPDATE {table} SET v = v + 10000000000 WHERE id % 500 = 0;
+             COMMIT;
+             ALTER TABLE {table} DROP COLUMN note;
+             INSERT INTO {table} VALUES (4001, 1);
+             DELETE FROM {table} WHERE id = 1;"
+        ));
+        let end: Lsn = c
+            .query("SELECT pg_current_wal_insert_lsn()")
+            .parse()
+            .unwrap();
+        let (ok, log) = start_sink(
+            &c,
+            &kafka,
+            &logs,
+            0,
+            &["--kafka-json-schemas", "--stop-lsn", &end.to_string()],
+        )
+        .wait(Duration::from_secs(120));
+        assert!(ok, "{label}: pgwal failed:\n{log}");
+        assert!(
+            count_in(&log, "spilled") >= 1,
+            "{label}: the big transaction was not streamed through the spill file:\n{log}"
+        );
+
+        let records = read_all(&b.addr, &[&topic(&table)], "read_committed");
+        // 1 + 1999 + 2000 inserts, 8 updates, 1 insert, 1 delete
+        assert_eq!(records.len(), 4010, "{label}");
+        let mut docs: Vec<&[u8]> = Vec::new();
+        let mut copy: BTreeMap<i64, Value> = BTreeMap::new();
+        let mut shapes: BTreeMap<(bool, String), u32> = BTreeMap::new();
+        for r in &records {
+            docs.extend(r.key.as_deref());
+            let Some(value) = r.value.as_deref() else {
+                continue;
+            };
+            docs.push(value);
+            let v: Value = serde_json::from_slice(value).unwrap();
+            let row_schema = v["schema"]["fields"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|f| f["field"] == "after")
+                .unwrap();
+            let fields: Vec<&str> = row_schema["fields"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| f["field"].as_str().unwrap())
+                .collect();
+            let v_type = row_schema["fields"][1]["type"].as_str().unwrap().to_owned();
+            let p = &v["payload"];
+            // stamped at the commit, also in the streamed transaction
+            assert!(p["source"]["txId"].as_u64().unwrap() > 1, "{label}: {p}");
+            match p["op"].as_str().unwrap() {
+                "d" => {
+                    copy.remove(&p["before"]["id"].as_i64().unwrap());
+                }
+                _ => {
+                    let after = p["after"].as_object().unwrap();
+                    let keys: Vec<&str> = after.keys().map(String::as_str).collect();
+                    let mut want = fields.clone();
+                    want.sort_unstable();
+                    assert_eq!(
+                        keys, want,
+                        "{label}: the payload's columns are the schema's"
+                    );
+                    *shapes
+                        .entry((fields.contains(&"note"), v_type))
+                        .or_default() += 1;
+                    copy.insert(after["id"].as_i64().unwrap(), p["after"]["v"].clone());
+                }
+            }
+        }
+        // 1999 + 1 without note, 2000 with it and v int32, 8 updates with
+        // v int64 (inside the streamed transaction), and one after the drop
+        let want: BTreeMap<(bool, String), u32> = [
+            ((false, "int32".to_owned()), 2000),
+            ((true, "int32".to_owned()), 2000),
+            ((true, "int64".to_owned()), 8),
+            ((false, "int64".to_owned()), 1),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(shapes, want, "{label}: records by (note, type of v)");
+        let source: BTreeMap<i64, Value> = c
+            .query(&format!("SELECT id || ' ' || v FROM {table} ORDER BY id"))
+            .lines()
+            .map(|l| {
+                let (id, v) = l.trim().split_once(' ').unwrap();
+                (id.parse().unwrap(), Value::from(v.parse::<i64>().unwrap()))
+            })
+            .collect();
+        assert!(
+            copy == source,
+            "{label}: the copy built from the topic differs from the table"
+        );
+        let checked = broker::connect_json_check(docs.iter().copied())
+            .unwrap_or_else(|e| panic!("{label}: {e}"));
+        assert_eq!(checked, docs.len() as u64, "{label}");
+        let _ = std::fs::remove_dir_all(&logs);
+        eprintln!(
+            "{label}: {} records with their schemas, {checked} keys and values read by Kafka \
+             Connect, in {:.1?}",
+            records.len(),
+            t0.elapsed()
+        );
+    }
 }

@@ -1,6 +1,7 @@
 //! Kafka records for row changes: topic, key (the replica identity) and
 //! value, in pgwal's JSON or in Debezium's envelope.
 
+mod connect_schema;
 mod debezium;
 mod temporal;
 
@@ -9,6 +10,7 @@ use pgwal::{Event, Row};
 use std::collections::HashMap;
 
 use pgwal_protocol::{Lsn, PgTimestamp};
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use crate::keys::KeyColumns;
@@ -16,7 +18,7 @@ use crate::routing::{Routing, RoutingError};
 
 /// How numeric values are written in the Debezium format, as Debezium's
 /// `decimal.handling.mode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum DecimalMode {
     /// Debezium's default: the unscaled value as big-endian two's-complement
@@ -41,8 +43,9 @@ pub enum Format {
     /// is written as its change arrives, before the commit's end is known).
     Pgwal,
     /// The envelope of Debezium's PostgreSQL connector, as its JSON
-    /// converter writes it with `schemas.enable=false`: `before`, `after`,
-    /// `source`, `op`, `ts_ms`.
+    /// converter writes it: `before`, `after`, `source`, `op`, `ts_ms`
+    /// (`schemas.enable=false`), or each key and value as `{"schema",
+    /// "payload"}` with `json_schemas`.
     Debezium {
         /// `source.name` (Debezium's `topic.prefix`).
         server_name: String,
@@ -58,6 +61,10 @@ pub enum Format {
         /// Debezium's default (the block makes each record about 80 bytes
         /// larger).
         transaction_metadata: bool,
+        /// Each key and value with its Kafka Connect schema (the JSON
+        /// converter's `schemas.enable=true`), built from the table's
+        /// Relation message, so it follows schema changes.
+        json_schemas: bool,
     },
 }
 
@@ -268,6 +275,20 @@ fn row_object(format: &Format, row: &Row) -> Result<Value, FormatError> {
     Ok(Value::Object(m))
 }
 
+/// The names of a table's key columns: `columns` if given, else the
+/// replica identity the Relation message marks.
+fn key_names<'a>(rel: &'a Relation, columns: Option<&'a [String]>) -> Vec<&'a str> {
+    match columns {
+        Some(names) => names.iter().map(String::as_str).collect(),
+        None => rel
+            .columns
+            .iter()
+            .filter(|c| c.is_key())
+            .map(|c| c.name.as_str())
+            .collect(),
+    }
+}
+
 fn bytes(v: &Value) -> Vec<u8> {
     serde_json::to_vec(v).expect("a JSON value serializes")
 }
@@ -311,30 +332,44 @@ pub fn encode(
                 .iter()
                 .map(|r| {
                     let value = match format {
-                        Format::Pgwal => pgwal_envelope("truncate", r, tx, t.lsn, None, None, None),
+                        Format::Pgwal => {
+                            bytes(&pgwal_envelope("truncate", r, tx, t.lsn, None, None, None))
+                        }
                         Format::Debezium {
                             server_name,
                             database,
+                            decimal,
                             transaction_metadata,
+                            json_schemas,
                             ..
-                        } => debezium::envelope(
-                            (server_name, database),
-                            "t",
-                            r,
-                            tx,
-                            (
-                                t.lsn,
-                                transaction_metadata.then(|| order.next(&r.namespace, &r.name)),
-                            ),
-                            Value::Null,
-                            Value::Null,
-                            now,
-                        ),
+                        } => {
+                            let v = debezium::envelope(
+                                (server_name, database),
+                                "t",
+                                r,
+                                tx,
+                                (
+                                    t.lsn,
+                                    transaction_metadata.then(|| order.next(&r.namespace, &r.name)),
+                                ),
+                                Value::Null,
+                                Value::Null,
+                                now,
+                            );
+                            if *json_schemas {
+                                let names = key_names(r, keys.for_relation(r));
+                                let schemas =
+                                    connect_schema::table_schemas(server_name, r, &names, *decimal);
+                                connect_schema::with_schema(&schemas.envelope, &v)
+                            } else {
+                                bytes(&v)
+                            }
+                        }
                     };
                     Ok(Record {
                         topic: routing.topic(&r.namespace, &r.name)?,
                         key: None,
-                        value: Some(bytes(&value)),
+                        value: Some(value),
                     })
                 })
                 .collect();
@@ -378,6 +413,38 @@ pub fn encode(
             ..
         }
     );
+    // With json_schemas: the envelope's schema, and the key's.
+    let schemas = match format {
+        Format::Debezium {
+            server_name,
+            decimal,
+            json_schemas: true,
+            ..
+        } => {
+            let s = connect_schema::table_schemas(
+                server_name,
+                rel,
+                &key_names(rel, key_columns),
+                *decimal,
+            );
+            if let (Err(column), true) = (&s.key, new_key.is_some() || old_key.is_some()) {
+                return Err(FormatError::KeyColumn {
+                    table: qualified(rel),
+                    column: column.clone(),
+                });
+            }
+            Some(s)
+        }
+        _ => None,
+    };
+    let key_bytes = |key: &Option<Value>| {
+        key.as_ref().map(|k| match schemas.as_deref() {
+            Some(connect_schema::TableSchemas {
+                key: Ok(schema), ..
+            }) => connect_schema::with_schema(schema, k),
+            _ => bytes(k),
+        })
+    };
     let mut out = Vec::new();
     let mut record =
         |op: &str, key: &Option<Value>, before: Option<Value>, after: Option<Value>| {
@@ -414,10 +481,14 @@ pub fn encode(
                     now,
                 ),
             };
+            let value = match &schemas {
+                Some(s) => connect_schema::with_schema(&s.envelope, &value),
+                None => bytes(&value),
+            };
             Record {
                 topic: topic.clone(),
-                key: key.as_ref().map(bytes),
-                value: Some(bytes(&value)),
+                key: key_bytes(key),
+                value: Some(value),
             }
         };
     let key_changed = op == "u" && old_key.is_some() && old_key != new_key;
@@ -427,7 +498,7 @@ pub fn encode(
         if tombstones {
             out.push(Record {
                 topic: topic.clone(),
-                key: old_key.as_ref().map(bytes),
+                key: key_bytes(&old_key),
                 value: None,
             });
         }
@@ -438,7 +509,7 @@ pub fn encode(
     if op == "d" && tombstones && key.is_some() {
         out.push(Record {
             topic,
-            key: key.as_ref().map(bytes),
+            key: key_bytes(&key),
             value: None,
         });
     }
@@ -489,6 +560,23 @@ pub fn stamp(
     tx: &TxInfo,
     order: &mut TxOrder,
 ) -> Result<Vec<u8>, serde_json::Error> {
+    if let Format::Debezium {
+        transaction_metadata,
+        json_schemas: true,
+        ..
+    } = format
+    {
+        // the schema as it is, the payload stamped
+        let parts: HashMap<&str, &RawValue> = serde_json::from_slice(value)?;
+        let (Some(schema), Some(payload)) = (parts.get("schema"), parts.get("payload")) else {
+            return Err(serde::de::Error::custom(
+                "a value without its schema and payload",
+            ));
+        };
+        let mut payload: Value = serde_json::from_str(payload.get())?;
+        debezium::stamp(&mut payload, tx, transaction_metadata.then_some(order));
+        return Ok(connect_schema::with_schema(schema.get(), &payload));
+    }
     let mut v: Value = serde_json::from_slice(value)?;
     match format {
         Format::Pgwal => {

@@ -111,6 +111,43 @@ pub fn have_java() -> bool {
     Command::new("java").arg("-version").output().is_ok()
 }
 
+/// Reads each document (a key or value written with its Kafka Connect
+/// schema) with Kafka Connect's own JsonConverter and writes it back
+/// (tools/kafka/ConnectJsonCheck.java): `Ok` with the count checked, or the
+/// checker's account of the first document that failed.
+pub fn connect_json_check<'a>(docs: impl IntoIterator<Item = &'a [u8]>) -> Result<u64, String> {
+    use std::io::Write;
+    let checker =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tools/kafka/ConnectJsonCheck.java");
+    let mut child = Command::new(tool())
+        .arg("tool")
+        .arg(&checker)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = Vec::new();
+    for d in docs {
+        assert!(!d.contains(&b'\n'), "a record spans lines");
+        input.extend_from_slice(d);
+        input.push(b'\n');
+    }
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || stdin.write_all(&input));
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)));
+    }
+    stdout
+        .trim()
+        .strip_prefix("checked ")
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| format!("unexpected output: {stdout}"))
+}
+
 fn run(args: &[&str]) -> String {
     let out = Command::new(tool()).args(args).output().unwrap();
     assert!(
