@@ -17,8 +17,16 @@
 #   kafka-dbz-tls  as kafka-dbz over the broker's SASL_SSL listener (TLS,
 #              SCRAM-SHA-512; the broker runs with --secure for every
 #              variant, so plaintext and TLS runs share one broker)
-# With kafka-dbz and kafka-dbz-tls both run, each round's TLS/plaintext
-# ratio of rows/s is printed, with its median and range.
+#   kafka-dbz-schemas  as kafka-dbz with --kafka-json-schemas (each key and
+#              value with its Kafka Connect schema)
+#   kafka-dbz-schemas-32m  the same with --kafka-batch-bytes 32 MiB (a
+#              Kafka transaction holds at most that many bytes of records,
+#              counted before compression; schemas make records ~6x larger)
+#   kafka-dbz-zstd, kafka-dbz-schemas-zstd  the same with zstd compression
+#              (librdkafka's compression.type; the schema text repeats in
+#              every record of a batch)
+# With kafka-dbz and kafka-dbz-tls (or kafka-dbz-schemas) both run, each
+# round's ratio of rows/s to kafka-dbz is printed, with its median and range.
 # Each run ends at the backlog's end (--stop-lsn). Per run: wall time,
 # rows/s, client CPU (user+sys, /usr/bin/time), the broker's CPU (from
 # /proc), the time pgwal spent waiting for Kafka commits (its debug log)
@@ -115,6 +123,10 @@ for round in $(seq 1 "$rounds"); do
 		kafka-dbz-32m) args+=(--sink kafka --kafka-brokers "$brokers" --kafka-topic-prefix "r$n" --kafka-batch-bytes 33554432 ${KAFKA_ARGS:-}) ;;
 		kafka-pg) args+=(--sink kafka --kafka-brokers "$brokers" --kafka-topic-prefix "r$n" --kafka-format pgwal ${KAFKA_ARGS:-}) ;;
 		kafka-dbz-tls) args+=(--sink kafka "${tls_args[@]}" --kafka-topic-prefix "r$n" ${KAFKA_ARGS:-}) ;;
+		kafka-dbz-schemas) args+=(--sink kafka --kafka-brokers "$brokers" --kafka-topic-prefix "r$n" --kafka-json-schemas ${KAFKA_ARGS:-}) ;;
+		kafka-dbz-schemas-32m) args+=(--sink kafka --kafka-brokers "$brokers" --kafka-topic-prefix "r$n" --kafka-json-schemas --kafka-batch-bytes 33554432 ${KAFKA_ARGS:-}) ;;
+		kafka-dbz-zstd) args+=(--sink kafka --kafka-brokers "$brokers" --kafka-topic-prefix "r$n" --kafka-option compression.type=zstd ${KAFKA_ARGS:-}) ;;
+		kafka-dbz-schemas-zstd) args+=(--sink kafka --kafka-brokers "$brokers" --kafka-topic-prefix "r$n" --kafka-json-schemas --kafka-option compression.type=zstd ${KAFKA_ARGS:-}) ;;
 		*) echo "unknown variant $v" >&2; exit 2 ;;
 		esac
 		b0=$(cpu_ticks "$broker_pid")
@@ -127,7 +139,9 @@ for round in $(seq 1 "$rounds"); do
 		wait=$(sed -n 's/.*Kafka commit .*took=\([0-9.]*\)\(m\{0,1\}s\).*/\1 \2/p' "$log" |
 			awk '{ s += ($2 == "ms" ? $1 / 1000 : $1) } END { printf "%.2f", s }')
 		commits=$(grep -c "Kafka commit" "$log" || true)
-		line="$v round=$round secs=$t rows_per_s=$(awk -v r=$rows -v t="$t" 'BEGIN{printf "%.0f", r / t}') client_cpu=$(awk -v u="$u" -v s="$s" 'BEGIN{printf "%.2f", u + s}') broker_cpu=$(awk -v d=$((b1 - b0)) -v hz="$hz" 'BEGIN{printf "%.2f", d / hz}') commit_wait=$wait commits=$commits rss_mb=$((kb / 1024))"
+		# the records' bytes, from the sink's summary (0 for null)
+		bytes=$(sed -n 's/.* records (\([0-9]*\) bytes).*/\1/p' "$log" | tail -1)
+		line="$v round=$round secs=$t rows_per_s=$(awk -v r=$rows -v t="$t" 'BEGIN{printf "%.0f", r / t}') client_cpu=$(awk -v u="$u" -v s="$s" 'BEGIN{printf "%.2f", u + s}') broker_cpu=$(awk -v d=$((b1 - b0)) -v hz="$hz" 'BEGIN{printf "%.2f", d / hz}') commit_wait=$wait commits=$commits record_mb=$(( ${bytes:-0} >> 20 )) rss_mb=$((kb / 1024))"
 		echo "$line" >>"$raw"
 		echo "$line" >&2
 		psql -c "SELECT pg_drop_replication_slot('s$n')" >/dev/null
@@ -141,7 +155,7 @@ for line in open(sys.argv[1]):
     v, *kv = line.split()
     d = dict(x.split("=") for x in kv)
     rows.setdefault(v, []).append({k: float(x) for k, x in d.items()})
-cols = ["secs", "rows_per_s", "client_cpu", "broker_cpu", "commit_wait", "commits", "rss_mb"]
+cols = ["secs", "rows_per_s", "client_cpu", "broker_cpu", "commit_wait", "commits", "record_mb", "rss_mb"]
 print("| variant | runs | " + " | ".join(cols) + " |")
 print("|---|---:|" + "---:|" * len(cols))
 for v, rs in rows.items():
@@ -152,12 +166,18 @@ for v, rs in rows.items():
     print(f"| {v} | {len(rs)} | " + " | ".join(cells) + " |")
 print(f"\n{int(sys.argv[2]):,} rows per run; median (min–max). commit_wait: seconds pgwal "
       "waited for Kafka commits; broker_cpu: the broker's CPU seconds during the run.")
-plain, tls = rows.get("kafka-dbz", []), rows.get("kafka-dbz-tls", [])
-if plain and tls and len(plain) == len(tls):
-    # the same round's runs, next to each other in time
-    ratios = [t["rows_per_s"] / p["rows_per_s"] for p, t in zip(plain, tls)]
-    cpu = [t["client_cpu"] / p["client_cpu"] for p, t in zip(plain, tls)]
-    print(f"\nTLS (SASL_SSL, SCRAM-SHA-512) / plaintext, per round: rows/s "
-          f"{' '.join(f'{r:.3f}' for r in ratios)}; median {statistics.median(ratios):.3f} "
-          f"({min(ratios):.3f}–{max(ratios):.3f}); client CPU median {statistics.median(cpu):.3f}")
+plain = rows.get("kafka-dbz", [])
+for v, what in [("kafka-dbz-tls", "TLS (SASL_SSL, SCRAM-SHA-512) / plaintext"),
+                ("kafka-dbz-schemas", "with inline schemas / without"),
+                ("kafka-dbz-zstd", "zstd / uncompressed"),
+                ("kafka-dbz-schemas-32m", "inline schemas with 32 MiB batches / neither"),
+                ("kafka-dbz-schemas-zstd", "inline schemas with zstd / neither")]:
+    other = rows.get(v, [])
+    if plain and other and len(plain) == len(other):
+        # the same round's runs, next to each other in time
+        ratios = [t["rows_per_s"] / p["rows_per_s"] for p, t in zip(plain, other)]
+        cpu = [t["client_cpu"] / p["client_cpu"] for p, t in zip(plain, other)]
+        print(f"\n{what}, per round: rows/s "
+              f"{' '.join(f'{r:.3f}' for r in ratios)}; median {statistics.median(ratios):.3f} "
+              f"({min(ratios):.3f}–{max(ratios):.3f}); client CPU median {statistics.median(cpu):.3f}")
 EOF
