@@ -16,7 +16,7 @@ mod broker;
 #[path = "../../pgwal/tests/support/mod.rs"]
 mod support;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -758,8 +758,20 @@ fn kafka_sink_exactly_once_across_crashes() {
 /// A cluster with SETUP and the slot `kslot` made, and an empty directory
 /// for pgwal's logs (`what` names it; kept when the test fails).
 fn cluster_with_kslot(label: &'static str, bin: &Path, what: &str) -> (Cluster, PathBuf) {
-    let c = Cluster::start(label, bin, Options::default());
-    c.psql(SETUP);
+    cluster_with_kslot_for(label, bin, what, Options::default(), SETUP)
+}
+
+/// A cluster started with `options`, `setup` run, the slot `kslot` made,
+/// and a fresh log directory.
+fn cluster_with_kslot_for(
+    label: &'static str,
+    bin: &Path,
+    what: &str,
+    options: Options,
+    setup: &str,
+) -> (Cluster, PathBuf) {
+    let c = Cluster::start(label, bin, options);
+    c.psql(setup);
     block_on(async {
         let mut rc = ReplicationClient::connect(&config(&c, "postgres"))
             .await
@@ -801,10 +813,7 @@ fn kafka_sink_heartbeat_lets_the_slot_move_on_a_quiet_publication() {
     let sink = start_sink(&c, &kafka, &logs, 0, &["--kafka-heartbeat-secs", "1"]);
     sink.wait_streaming();
     c.psql("INSERT INTO scratch VALUES (1, 1)");
-    let first: Lsn = c
-        .query("SELECT pg_current_wal_insert_lsn()")
-        .parse()
-        .unwrap();
+    let first: Lsn = c.insert_lsn();
     // about 8 MB of WAL in 200 transactions the publication does not see,
     // over at least 4 s (bounded: one statement each)
     for i in 0..40 {
@@ -817,10 +826,7 @@ fn kafka_sink_heartbeat_lets_the_slot_move_on_a_quiet_publication() {
             std::thread::sleep(Duration::from_secs(1));
         }
     }
-    let quiet_end: Lsn = c
-        .query("SELECT pg_current_wal_insert_lsn()")
-        .parse()
-        .unwrap();
+    let quiet_end: Lsn = c.insert_lsn();
     assert!(
         quiet_end.0 - first.0 > 3 << 20,
         "the load wrote {first}..{quiet_end}"
@@ -844,15 +850,9 @@ fn kafka_sink_heartbeat_lets_the_slot_move_on_a_quiet_publication() {
         );
         std::thread::sleep(Duration::from_millis(300));
     }
-    let before_second: Lsn = c
-        .query("SELECT pg_current_wal_insert_lsn()")
-        .parse()
-        .unwrap();
+    let before_second: Lsn = c.insert_lsn();
     c.psql("INSERT INTO scratch VALUES (2, 2)");
-    let end: Lsn = c
-        .query("SELECT pg_current_wal_insert_lsn()")
-        .parse()
-        .unwrap();
+    let end: Lsn = c.insert_lsn();
     eprintln!("quiet WAL {first}..{quiet_end}, the second row's WAL {before_second}..{end}");
     let (ok, log) = sink.terminate();
     assert!(ok, "pgwal failed on SIGTERM:\n{log}");
@@ -937,10 +937,7 @@ fn kafka_sink_secure_listeners_and_their_refusals() {
     let mut n = 0;
     for (i, (what, kafka)) in accepted.iter().enumerate() {
         c.psql(&format!("INSERT INTO scratch VALUES ({i}, {i})"));
-        let end: Lsn = c
-            .query("SELECT pg_current_wal_insert_lsn()")
-            .parse()
-            .unwrap();
+        let end: Lsn = c.insert_lsn();
         let (ok, log) = start_sink(&c, kafka, &logs, n, &["--stop-lsn", &end.to_string()])
             .wait(Duration::from_secs(120));
         n += 1;
@@ -970,10 +967,7 @@ fn kafka_sink_secure_listeners_and_their_refusals() {
 
     // the refusals: one more row waits, and stays unwritten
     c.psql("INSERT INTO scratch VALUES (100, 100)");
-    let end: Lsn = c
-        .query("SELECT pg_current_wal_insert_lsn()")
-        .parse()
-        .unwrap();
+    let end: Lsn = c.insert_lsn();
     let (kafka_before, slot_before) = (kafka_progress(&b.addr), slot_position());
     let wrong_password: Vec<(String, String)> = s
         .sasl_options("SCRAM-SHA-512")
@@ -1357,16 +1351,10 @@ fn bad_records(label: &'static str, bin: &Path, b: &Broker) {
         xid_of("UPDATE doc SET n = 1 WHERE id = 1; INSERT INTO big VALUES (1, 'beside');");
     // where B's commit record ends: a slot confirmed up to there would not
     // give B again (a heartbeat may confirm a position inside B)
-    let after_b: Lsn = c
-        .query("SELECT pg_current_wal_insert_lsn()")
-        .parse()
-        .unwrap();
+    let after_b: Lsn = c.insert_lsn();
     c.psql("INSERT INTO big VALUES (2, repeat('y', 300000));");
     c.psql("INSERT INTO big VALUES (3, 'after');");
-    let end: Lsn = c
-        .query("SELECT pg_current_wal_insert_lsn()")
-        .parse()
-        .unwrap();
+    let end: Lsn = c.insert_lsn();
 
     let logs = std::env::temp_dir().join(format!("pgwal-kafka-bad-{label}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&logs);
@@ -1582,28 +1570,20 @@ fn kafka_sink_json_schemas_follow_schema_changes() {
     let kafka = broker::sink_args(&b.addr, &[]);
     for (label, bin) in support::servers() {
         let t0 = Instant::now();
-        let c = Cluster::start(
+        let table = format!("evolving_{label}");
+        let (c, logs) = cluster_with_kslot_for(
             label,
             &bin,
+            "schemas",
             Options {
                 conf: vec!["logical_decoding_work_mem = '64kB'".into()],
                 ..Options::default()
             },
+            &format!(
+                "CREATE TABLE {table} (id int PRIMARY KEY, v int);
+                 CREATE PUBLICATION p FOR TABLE {table};"
+            ),
         );
-        let table = format!("evolving_{label}");
-        c.psql(&format!(
-            "CREATE TABLE {table} (id int PRIMARY KEY, v int);
-             CREATE PUBLICATION p FOR TABLE {table};"
-        ));
-        block_on(async {
-            let mut rc = ReplicationClient::connect(&config(&c, "postgres"))
-                .await
-                .unwrap();
-            rc.create_logical_slot("kslot", &CreateSlotOptions::new())
-                .await
-                .unwrap();
-        });
-        let logs = fresh_log_dir(label, "schemas");
         c.psql(&format!(
             "INSERT INTO {table} VALUES (1, 1);
              BEGIN;
@@ -1617,10 +1597,7 @@ fn kafka_sink_json_schemas_follow_schema_changes() {
              INSERT INTO {table} VALUES (4001, 1);
              DELETE FROM {table} WHERE id = 1;"
         ));
-        let end: Lsn = c
-            .query("SELECT pg_current_wal_insert_lsn()")
-            .parse()
-            .unwrap();
+        let end: Lsn = c.insert_lsn();
         let (ok, log) = start_sink(
             &c,
             &kafka,
@@ -1648,19 +1625,12 @@ fn kafka_sink_json_schemas_follow_schema_changes() {
             };
             docs.push(value);
             let v: Value = serde_json::from_slice(value).unwrap();
-            let row_schema = v["schema"]["fields"]
-                .as_array()
+            let row_schema = broker::row_schema(&v);
+            let fields = broker::field_names(row_schema);
+            let v_type = broker::field_schema(row_schema, "v").unwrap()["type"]
+                .as_str()
                 .unwrap()
-                .iter()
-                .find(|f| f["field"] == "after")
-                .unwrap();
-            let fields: Vec<&str> = row_schema["fields"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|f| f["field"].as_str().unwrap())
-                .collect();
-            let v_type = row_schema["fields"][1]["type"].as_str().unwrap().to_owned();
+                .to_owned();
             let p = &v["payload"];
             // stamped at the commit, also in the streamed transaction
             assert!(p["source"]["txId"].as_u64().unwrap() > 1, "{label}: {p}");
@@ -1670,16 +1640,12 @@ fn kafka_sink_json_schemas_follow_schema_changes() {
                 }
                 _ => {
                     let after = p["after"].as_object().unwrap();
-                    let keys: Vec<&str> = after.keys().map(String::as_str).collect();
-                    let mut want = fields.clone();
-                    want.sort_unstable();
+                    let keys: BTreeSet<&str> = after.keys().map(String::as_str).collect();
                     assert_eq!(
-                        keys, want,
+                        keys, fields,
                         "{label}: the payload's columns are the schema's"
                     );
-                    *shapes
-                        .entry((fields.contains(&"note"), v_type))
-                        .or_default() += 1;
+                    *shapes.entry((fields.contains("note"), v_type)).or_default() += 1;
                     copy.insert(after["id"].as_i64().unwrap(), p["after"]["v"].clone());
                 }
             }

@@ -189,38 +189,19 @@ fn key_object(
     row: &Row,
     columns: Option<&[String]>,
 ) -> Result<Option<Value>, FormatError> {
+    let rel = row.relation();
     let mut m = Map::new();
-    let mut add = |col: &pgwal::protocol::pgoutput::RelationColumn, v: &ColumnValue| {
+    for name in key_names(rel, columns) {
+        let Some((col, v)) = row.iter().find(|(c, _)| c.name == name) else {
+            return Err(FormatError::KeyColumn {
+                table: qualified(rel),
+                column: name.to_owned(),
+            });
+        };
         if matches!(v, ColumnValue::Null | ColumnValue::UnchangedToast) {
-            return Ok(false);
+            return Ok(None);
         }
-        m.insert(
-            col.name.clone(),
-            column_value(format, row.relation(), col, v)?,
-        );
-        Ok::<bool, FormatError>(true)
-    };
-    match columns {
-        Some(names) => {
-            for name in names {
-                let Some((col, v)) = row.iter().find(|(c, _)| &c.name == name) else {
-                    return Err(FormatError::KeyColumn {
-                        table: qualified(row.relation()),
-                        column: name.clone(),
-                    });
-                };
-                if !add(col, v)? {
-                    return Ok(None);
-                }
-            }
-        }
-        None => {
-            for (col, v) in row.iter().filter(|(c, _)| c.is_key()) {
-                if !add(col, v)? {
-                    return Ok(None);
-                }
-            }
-        }
+        m.insert(col.name.clone(), column_value(format, rel, col, v)?);
     }
     Ok((!m.is_empty()).then_some(Value::Object(m)))
 }

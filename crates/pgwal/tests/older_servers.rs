@@ -84,10 +84,7 @@ fn slots_copy_and_stream_on_14() {
             "plain14:true,s14:false"
         );
         c.psql("INSERT INTO t VALUES (101, 'streamed')");
-        let end: Lsn = c
-            .query("SELECT pg_current_wal_insert_lsn()")
-            .parse()
-            .unwrap();
+        let end: Lsn = c.insert_lsn();
         let mut s = LogicalStream::start(cfg, StreamConfig::new("s14", ["p"]).stop_lsn(end))
             .await
             .unwrap();

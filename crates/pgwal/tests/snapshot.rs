@@ -79,10 +79,7 @@ fn snapshot_then_stream(jobs: usize, chunk_pages: u32) {
             }
             assert_eq!(copy.tables, ["public.a", "public.b"]);
             writer.join().unwrap();
-            let end: Lsn = c
-                .query("SELECT pg_current_wal_insert_lsn()")
-                .parse()
-                .unwrap();
+            let end: Lsn = c.insert_lsn();
             let scfg = StreamConfig::new("snap", ["p"])
                 .stop_lsn(end)
                 .status_interval(Duration::from_millis(100));

@@ -94,10 +94,7 @@ fn events_are_typed_and_resolved() {
                  TRUNCATE t;
                  SELECT pg_logical_emit_message(false, 'pfx', 'hello');",
             );
-            let end: Lsn = c
-                .query("SELECT pg_current_wal_insert_lsn()")
-                .parse()
-                .unwrap();
+            let end: Lsn = c.insert_lsn();
             let cfg = fast(StreamConfig::new("s", ["p"]).messages(true).stop_lsn(end));
             let mut s = LogicalStream::start(config(&c, "postgres"), cfg)
                 .await
@@ -249,10 +246,7 @@ fn idle_publication_advances_slot() {
                     "INSERT INTO other (pad) SELECT repeat('x', 100) FROM generate_series(1, 100);",
                 );
                 if target == Lsn::INVALID {
-                    target = c
-                        .query("SELECT pg_current_wal_insert_lsn()")
-                        .parse()
-                        .unwrap();
+                    target = c.insert_lsn();
                 }
                 // Drain (and ack) whatever arrives, e.g. empty transactions on old servers.
                 while let Ok(Some(Ok(e))) =
@@ -432,10 +426,7 @@ fn streamed_and_two_phase_transactions() {
                  BEGIN; INSERT INTO t VALUES (9001, 'prepared'); PREPARE TRANSACTION 'g1';
                  COMMIT PREPARED 'g1';",
             );
-            let end: Lsn = c
-                .query("SELECT pg_current_wal_insert_lsn()")
-                .parse()
-                .unwrap();
+            let end: Lsn = c.insert_lsn();
             let streaming = if c.major >= 16 {
                 Streaming::Parallel
             } else {
@@ -519,10 +510,7 @@ fn toast_cache_fills_unchanged_columns() {
                 "INSERT INTO tt VALUES (2, 'seen', repeat('s', 4000));
                  UPDATE tt SET v = 'x' WHERE id IN (1, 2);",
             );
-            let end: Lsn = c
-                .query("SELECT pg_current_wal_insert_lsn()")
-                .parse()
-                .unwrap();
+            let end: Lsn = c.insert_lsn();
             let cfg = fast(
                 StreamConfig::new("s", ["pt"])
                     .toast_cache_rows(100)
@@ -589,10 +577,7 @@ fn toast_cache_forgets_aborted_values() {
                  ROLLBACK PREPARED 'g1';
                  UPDATE tt SET v = 'after-prepared' WHERE id = 3;",
             );
-            let end: Lsn = c
-                .query("SELECT pg_current_wal_insert_lsn()")
-                .parse()
-                .unwrap();
+            let end: Lsn = c.insert_lsn();
             let cfg = fast(
                 StreamConfig::new("s", ["pt"])
                     .streaming(Streaming::On)

@@ -103,10 +103,7 @@ fn rows_deserialize_in_text_and_binary() {
                 .await
                 .unwrap();
             c.psql(ROW);
-            let end: Lsn = c
-                .query("SELECT pg_current_wal_insert_lsn()")
-                .parse()
-                .unwrap();
+            let end: Lsn = c.insert_lsn();
             for (slot, binary) in [("st", false), ("sb", true)] {
                 let cfg = StreamConfig::new(slot, ["p"])
                     .binary(binary)
@@ -195,10 +192,7 @@ fn binary_text_forms_match_the_servers_text() {
                 c.psql(&format!("INSERT INTO tv ({col}) VALUES ({v})"));
             }
             c.psql("INSERT INTO tv (money) VALUES (12.34)");
-            let end: Lsn = c
-                .query("SELECT pg_current_wal_insert_lsn()")
-                .parse()
-                .unwrap();
+            let end: Lsn = c.insert_lsn();
             let mut seen: Vec<Vec<(String, Result<Value, String>)>> = Vec::new();
             for (slot, binary) in [("vt", false), ("vb", true)] {
                 let cfg = StreamConfig::new(slot, ["pv"]).binary(binary).stop_lsn(end);
@@ -415,10 +409,7 @@ fn every_builtin_type_round_trips_text_and_binary() {
                 .map(|(n, v)| format!("INSERT INTO every (\"c_{n}\") VALUES ({v});"))
                 .collect();
             c.psql(&inserts.join("\n"));
-            let end: Lsn = c
-                .query("SELECT pg_current_wal_insert_lsn()")
-                .parse()
-                .unwrap();
+            let end: Lsn = c.insert_lsn();
             let mut seen: Vec<Vec<(String, Result<Value, String>)>> = Vec::new();
             for (slot, binary) in [("et", false), ("eb", true)] {
                 let cfg = StreamConfig::new(slot, ["pe"]).binary(binary).stop_lsn(end);

@@ -111,6 +111,34 @@ pub fn have_java() -> bool {
     Command::new("java").arg("-version").output().is_ok()
 }
 
+/// The struct schema of the rows (`before`, `after`) in an envelope
+/// written with its Kafka Connect schema (`{"schema", "payload"}`).
+pub fn row_schema(value: &serde_json::Value) -> &serde_json::Value {
+    field_schema(&value["schema"], "after").expect("an envelope schema has an after field")
+}
+
+/// The schema of field `name` of a struct schema.
+pub fn field_schema<'a>(
+    schema: &'a serde_json::Value,
+    name: &str,
+) -> Option<&'a serde_json::Value> {
+    schema["fields"]
+        .as_array()
+        .expect("a struct schema has fields")
+        .iter()
+        .find(|f| f["field"] == name)
+}
+
+/// The field names of a struct schema.
+pub fn field_names(schema: &serde_json::Value) -> std::collections::BTreeSet<&str> {
+    schema["fields"]
+        .as_array()
+        .expect("a struct schema has fields")
+        .iter()
+        .map(|f| f["field"].as_str().expect("a field has a name"))
+        .collect()
+}
+
 /// Reads each document (a key or value written with its Kafka Connect
 /// schema) with Kafka Connect's own JsonConverter and writes it back
 /// (tools/kafka/ConnectJsonCheck.java): `Ok` with the count checked, or the

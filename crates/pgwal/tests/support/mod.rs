@@ -384,6 +384,14 @@ impl Cluster {
         )
     }
 
+    /// The server's WAL insert position now (`pg_current_wal_insert_lsn()`):
+    /// the end of everything written so far.
+    pub fn insert_lsn(&self) -> pgwal::Lsn {
+        self.query("SELECT pg_current_wal_insert_lsn()")
+            .parse()
+            .unwrap()
+    }
+
     /// The `confirmed_flush_lsn` of logical slot `slot`.
     pub fn confirmed_flush(&self, slot: &str) -> pgwal::Lsn {
         self.query(&format!(
