@@ -143,6 +143,15 @@ pub(crate) struct KafkaArgs {
     /// message.max.bytes --kafka-option, else librdkafka's 1000000).
     #[arg(long = "kafka-max-record-bytes", value_name = "BYTES")]
     max_record_bytes: Option<usize>,
+    /// Rows a snapshot (--snapshot, or a signal) reads at a time, each
+    /// chunk in a transaction of its own.
+    #[arg(long = "kafka-snapshot-chunk-rows", value_name = "ROWS", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+    snapshot_chunk_rows: u32,
+    /// Ignore snapshot signals (logical messages with prefix
+    /// 'pgwal.snapshot' and content {"tables": ["schema.table", ...]},
+    /// which otherwise start a snapshot of those tables while streaming).
+    #[arg(long = "kafka-no-snapshot-signals")]
+    no_snapshot_signals: bool,
     /// A librdkafka setting, KEY=VALUE (repeatable): security.protocol,
     /// sasl.*, ssl.*, compression.type, ...
     #[arg(long = "kafka-option", value_name = "KEY=VALUE", value_parser = parse_option)]
@@ -196,6 +205,7 @@ pub(crate) async fn run(
     config: Config,
     stream: StreamConfig,
     a: KafkaArgs,
+    initial_snapshot: bool,
     slot_check_interval: f64,
     metrics: Option<std::net::SocketAddr>,
 ) -> Result<(), Box<dyn std::error::Error>> {
@@ -250,6 +260,9 @@ pub(crate) async fn run(
     if let Some(k) = a.key_columns {
         sink.key_columns = k;
     }
+    sink.initial_snapshot = initial_snapshot;
+    sink.snapshot_signals = !a.no_snapshot_signals;
+    sink.snapshot_chunk_rows = a.snapshot_chunk_rows as usize;
     let slot_metrics = crate::metrics::StreamMetrics::default();
     if let Some(addr) = metrics {
         let live = sink.live.clone();
@@ -269,7 +282,7 @@ pub(crate) async fn run(
     }
     let stats = pgwal_kafka::run(config, stream, sink, stop).await?;
     eprintln!(
-        "pgwal: kafka: {} transactions, {} records ({} bytes) in {} Kafka transactions; {} received again and skipped, {} spilled, {} restarts after Kafka errors, {} starts ahead of the slot, {} heartbeats, {} bad changes skipped, {} dead-lettered; Kafka holds everything up to {}",
+        "pgwal: kafka: {} transactions, {} records ({} bytes) in {} Kafka transactions; {} received again and skipped, {} spilled, {} restarts after Kafka errors, {} starts ahead of the slot, {} heartbeats, {} bad changes skipped, {} dead-lettered, {} snapshot rows in {} chunks ({} read again); Kafka holds everything up to {}",
         stats.transactions,
         stats.records,
         stats.bytes,
@@ -281,6 +294,9 @@ pub(crate) async fn run(
         stats.heartbeats,
         stats.bad_skipped,
         stats.dead_lettered,
+        stats.snapshot_rows,
+        stats.snapshot_chunks,
+        stats.snapshot_rereads,
         stats
             .position
             .map_or_else(|| "nothing yet".to_owned(), |l| l.to_string())

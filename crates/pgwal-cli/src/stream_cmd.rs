@@ -55,7 +55,10 @@ pub(crate) struct StreamArgs {
     /// Create the slot with an exported snapshot and print a consistent copy
     /// of the published tables first ("snapshot" lines, then
     /// "snapshot_end"); streaming continues exactly where the copy ends.
-    /// The slot must not exist yet.
+    /// The slot must not exist yet. With --sink kafka: when Kafka holds
+    /// nothing of this stream yet, write every row of the published tables
+    /// as a read record, in chunks while streaming, exactly once across
+    /// restarts (the slot is created if missing; PostgreSQL 14+).
     #[arg(long, conflicts_with_all = ["create_slot", "start_lsn"])]
     snapshot: bool,
     /// Backfill TABLE (repeatable; schema.table or table), added to a
@@ -160,8 +163,8 @@ impl StreamArgs {
             if self.two_phase {
                 return Some("--sink kafka cannot use --two-phase: a transaction decoded at PREPARE may still roll back (prepared transactions reach Kafka at COMMIT PREPARED without it)");
             }
-            if self.snapshot || !self.snapshot_tables.is_empty() {
-                return Some("--sink kafka does not copy tables yet: --snapshot and --snapshot-table write to stdout");
+            if !self.snapshot_tables.is_empty() {
+                return Some("--sink kafka takes tables to snapshot as a signal while it streams: SELECT pg_logical_emit_message(true, 'pgwal.snapshot', '{\"tables\": [\"schema.table\"]}')");
             }
             if self.acks == AcksArg::Stdin {
                 return Some(
@@ -270,7 +273,9 @@ pub(crate) async fn run(
     config: Config,
     a: StreamArgs,
 ) -> std::result::Result<(), Box<dyn std::error::Error>> {
-    if a.create_slot {
+    // the Kafka sink's snapshot reads in chunks, from any slot position
+    let kafka_snapshot = a.snapshot && a.sink == SinkArg::Kafka;
+    if a.create_slot || kafka_snapshot {
         let mut c = ReplicationClient::connect(&config).await?;
         match c
             .create_logical_slot(
@@ -289,7 +294,7 @@ pub(crate) async fn run(
     // Tables copied at a consistent point, whose changes in transactions
     // that committed before it are left out of the stream.
     let mut backfill: Option<(Lsn, Vec<String>)> = None;
-    if a.snapshot || !a.snapshot_tables.is_empty() {
+    if (a.snapshot && !kafka_snapshot) || !a.snapshot_tables.is_empty() {
         // Nothing else runs yet, so plain blocking writes to stdout are fine here.
         let stdout = std::io::stdout();
         let mut w = std::io::BufWriter::new(stdout.lock());
@@ -351,8 +356,15 @@ pub(crate) async fn run(
         cfg = cfg.state_file(p);
     }
     if a.sink == SinkArg::Kafka {
-        return crate::kafka_sink::run(config, cfg, a.kafka, a.slot_check_interval, a.metrics)
-            .await;
+        return crate::kafka_sink::run(
+            config,
+            cfg,
+            a.kafka,
+            a.snapshot,
+            a.slot_check_interval,
+            a.metrics,
+        )
+        .await;
     }
     let metrics = crate::metrics::StreamMetrics::default();
     // ready once the stream started; it stays so while the stream retries

@@ -199,6 +199,13 @@ impl Sink {
         }
     }
 
+    /// Panics with the log if the process has exited.
+    fn assert_running(&mut self, what: &str) {
+        if let Some(st) = self.child.try_wait().unwrap() {
+            panic!("{what}: pgwal exited ({st}):\n{}", self.log());
+        }
+    }
+
     fn signal(&self, sig: &str) {
         let pid = self.child.id().to_string();
         Command::new("kill").args([sig, &pid]).status().unwrap();
@@ -1682,6 +1689,357 @@ fn kafka_sink_json_schemas_follow_schema_changes() {
              Connect, in {:.1?}",
             records.len(),
             t0.elapsed()
+        );
+    }
+}
+
+/// The last committed progress record of the stream, whole.
+fn kafka_progress_value(addr: &str) -> Option<Value> {
+    read_all(addr, &[PROGRESS], "read_committed")
+        .last()
+        .map(|r| serde_json::from_slice(r.value.as_deref().unwrap()).unwrap())
+}
+
+/// The snapshot test's tables: a large one, one with a two-column key, and
+/// a REPLICA IDENTITY FULL one (keyed by its primary key), each with rows
+/// before the sink ever ran.
+const SNAPSHOT_ROWS: u64 = 40_000;
+
+fn snapshot_setup(label: &str) -> String {
+    format!(
+        "CREATE TABLE snap_{label} (id bigint PRIMARY KEY, ver int NOT NULL, note text);
+         INSERT INTO snap_{label} SELECT g, 1, 'before ' || g FROM generate_series(1, {SNAPSHOT_ROWS}) g;
+         CREATE TABLE comp_{label} (a int, b text, ver int NOT NULL, PRIMARY KEY (a, b));
+         INSERT INTO comp_{label} SELECT g / 3, 'k' || (g % 3), 1 FROM generate_series(1, 3000) g;
+         CREATE TABLE full_{label} (id int PRIMARY KEY, ver int NOT NULL, body text);
+         ALTER TABLE full_{label} REPLICA IDENTITY FULL;
+         INSERT INTO full_{label} SELECT g, 1, repeat('x', g % 50) FROM generate_series(1, 2000) g;
+         CREATE PUBLICATION p FOR TABLE snap_{label}, comp_{label}, full_{label};"
+    )
+}
+
+/// One round of writes over the whole key range, ahead of and behind the
+/// snapshot's cursor: updates (each moves a version, so every change is
+/// unique), deletes, inserts, key changes, and every tenth round a
+/// transaction large enough to be streamed.
+fn snapshot_round_sql(label: &str, r: u64) -> String {
+    let n = SNAPSHOT_ROWS;
+    let pick = |k: u64| (r * 7919 + k * 104_729) % n + 1;
+    let mut s = format!(
+        "UPDATE snap_{label} SET ver = ver + 1 WHERE id IN ({}, {}, {}, {});
+         DELETE FROM snap_{label} WHERE id = {};
+         INSERT INTO snap_{label} VALUES ({}, 1, 'new');
+         UPDATE snap_{label} SET id = id + 100000000, ver = ver + 1 WHERE id = {};
+         UPDATE comp_{label} SET ver = ver + 1 WHERE a = {};
+         DELETE FROM comp_{label} WHERE a = {} AND b = 'k1';
+         UPDATE full_{label} SET ver = ver + 1 WHERE id = {};
+         DELETE FROM full_{label} WHERE id = {};\n",
+        pick(1),
+        pick(2),
+        pick(3),
+        pick(4),
+        pick(5),
+        n + r,
+        pick(6),
+        pick(7) % 1000,
+        pick(8) % 1000,
+        pick(9) % 2000 + 1,
+        pick(10) % 2000 + 1,
+    );
+    if r % 10 == 0 {
+        s.push_str(&format!(
+            "UPDATE snap_{label} SET ver = ver + 1 WHERE id % 100 = {};\n",
+            r % 100
+        ));
+    }
+    s
+}
+
+/// Records applied in order, keyed by their record key, as a Debezium
+/// consumer does: reads and creates and updates put the row, deletes
+/// remove it.
+fn materialize(records: &[Consumed]) -> BTreeMap<String, BTreeMap<String, Value>> {
+    let mut db: BTreeMap<String, BTreeMap<String, Value>> = BTreeMap::new();
+    for r in records {
+        let Some(value) = r.value.as_deref() else {
+            continue;
+        };
+        let t = db.entry(r.topic.clone()).or_default();
+        let v: Value = serde_json::from_slice(value).unwrap();
+        let key = String::from_utf8(r.key.clone().unwrap()).unwrap();
+        match v["op"].as_str().unwrap() {
+            "r" | "c" | "u" => {
+                t.insert(key, v["after"].clone());
+            }
+            "d" => {
+                t.remove(&key);
+            }
+            op => panic!("unexpected op {op}: {v}"),
+        }
+    }
+    db
+}
+
+/// Rows of `table` keyed as the sink keys them (`key` columns).
+fn keyed_rows(c: &Cluster, table: &str, key: &[&str]) -> BTreeMap<String, Value> {
+    let rows: Vec<Value> = serde_json::from_str(&c.query(&format!(
+        "SELECT coalesce(json_agg(row_to_json(t)), '[]') FROM {table} t"
+    )))
+    .unwrap();
+    rows.into_iter()
+        .map(|r| {
+            let k: serde_json::Map<String, Value> =
+                key.iter().map(|c| (c.to_string(), r[c].clone())).collect();
+            (serde_json::to_string(&k).unwrap(), r)
+        })
+        .collect()
+}
+
+/// `--snapshot` into Kafka of tables that hold rows and are written to all
+/// along, with the sink SIGKILLed and restarted in the middle of the
+/// snapshot, then a signal that snapshots one table again. A read_committed
+/// consumer sees every change of the reference stream exactly once, each
+/// row read at most once per snapshot, and builds copies equal to the
+/// tables.
+#[test]
+fn kafka_sink_snapshot_while_written_and_killed() {
+    if !broker::have_java() {
+        eprintln!("NOTICE: no java; the Kafka snapshot test is skipped");
+        return;
+    }
+    let _one = one_broker();
+    let b = Broker::start("snapshot");
+    let kafka = broker::sink_args(&b.addr, &[]);
+    for (label, bin) in support::servers() {
+        let t = Instant::now();
+        let phase = |what: &str| eprintln!("{label}: {:6.1} s {what}", t.elapsed().as_secs_f64());
+        let c = Cluster::start(
+            label,
+            &bin,
+            Options {
+                conf: vec!["logical_decoding_work_mem = '64kB'".into()],
+                ..Options::default()
+            },
+        );
+        c.psql(&snapshot_setup(label));
+        // the reference stream starts where the sink's slot does
+        block_on(async {
+            let mut rc = ReplicationClient::connect(&config(&c, "postgres"))
+                .await
+                .unwrap();
+            for slot in ["ref", "kslot"] {
+                rc.create_logical_slot(slot, &CreateSlotOptions::new())
+                    .await
+                    .unwrap();
+            }
+        });
+        let logs = fresh_log_dir(label, "snapshot");
+        let tables = [
+            (format!("snap_{label}"), vec!["id"]),
+            (format!("comp_{label}"), vec!["a", "b"]),
+            (format!("full_{label}"), vec!["id"]),
+        ];
+        let topics: Vec<String> = tables.iter().map(|(t, _)| topic(t)).collect();
+        let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
+        phase("server started, tables filled");
+
+        // the load, paced and bounded
+        let stop = Arc::new(AtomicBool::new(false));
+        let load = {
+            let stop = stop.clone();
+            let label = label.to_owned();
+            let mut psql = c.psql_command();
+            psql.args(["-f", "-"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null());
+            std::thread::spawn(move || {
+                let mut r = 1;
+                let t0 = Instant::now();
+                while !stop.load(Ordering::SeqCst) && t0.elapsed() < Duration::from_secs(300) {
+                    let round = Instant::now();
+                    assert!(
+                        support::feed(&mut psql, &snapshot_round_sql(&label, r))
+                            .status
+                            .success(),
+                        "load round {r} failed"
+                    );
+                    r += 1;
+                    std::thread::sleep(Duration::from_millis(50).saturating_sub(round.elapsed()));
+                }
+                r - 1
+            })
+        };
+
+        let args = ["--snapshot", "--kafka-snapshot-chunk-rows", "500"];
+        let mut n = 0;
+        let mut sink = start_sink(&c, &kafka, &logs, n, &args);
+        // SIGKILLed three times while the snapshot is under way
+        let mut killed_mid_snapshot = 0;
+        for at_rows in [4_000, 16_000, 28_000] {
+            let t0 = Instant::now();
+            let rows = loop {
+                let p = kafka_progress_value(&b.addr);
+                let rows = p.as_ref().map(|p| p["snapshot"]["rows"].as_u64());
+                match rows {
+                    Some(Some(r)) if r >= at_rows => break Some(r),
+                    // the snapshot is over
+                    Some(None) => break None,
+                    _ => {}
+                }
+                sink.assert_running(label);
+                assert!(
+                    t0.elapsed() < Duration::from_secs(120),
+                    "{label}: the snapshot did not reach {at_rows} rows in 120 s:\n{}",
+                    sink.log()
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            };
+            sink.signal("-KILL");
+            let _ = sink.wait_code(Duration::from_secs(30));
+            phase(&format!(
+                "pgwal SIGKILLed with {rows:?} snapshot rows in Kafka"
+            ));
+            killed_mid_snapshot += u32::from(rows.is_some());
+            n += 1;
+            sink = start_sink(&c, &kafka, &logs, n, &args);
+            sink.wait_streaming();
+        }
+        assert!(
+            killed_mid_snapshot >= 2,
+            "{label}: the snapshot ran past most kills; restarts in its middle were not tested"
+        );
+        // the snapshot ends
+        let t0 = Instant::now();
+        while kafka_progress_value(&b.addr).is_some_and(|p| p.get("snapshot").is_some()) {
+            sink.assert_running(label);
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "{label}: the snapshot did not end in 120 s:\n{}",
+                sink.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        phase("initial snapshot done");
+        // a signal snapshots the FULL table again, still under load
+        let signal: Lsn = c
+            .query(&format!(
+                "SELECT pg_logical_emit_message(true, 'pgwal.snapshot', \
+                 '{{\"tables\": [\"public.full_{label}\"]}}')"
+            ))
+            .parse()
+            .unwrap();
+        let t0 = Instant::now();
+        loop {
+            let p = kafka_progress_value(&b.addr).unwrap();
+            let end: Lsn = p["end_lsn"].as_str().unwrap().parse().unwrap();
+            if end > signal && p.get("snapshot").is_none() {
+                break;
+            }
+            sink.assert_running(label);
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "{label}: the signalled snapshot did not end in 120 s:\n{}",
+                sink.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        phase("signalled snapshot done");
+        stop.store(true, Ordering::SeqCst);
+        let rounds = load.join().unwrap();
+        let (ok, log) = sink.terminate();
+        assert!(ok, "{label}: pgwal failed on SIGTERM:\n{log}");
+        let end: Lsn = c.insert_lsn();
+        let (ok, log) = start_sink(&c, &kafka, &logs, n + 1, &["--stop-lsn", &end.to_string()])
+            .wait(Duration::from_secs(120));
+        assert!(ok, "{label}: the catch-up run failed:\n{log}");
+        phase(&format!("{rounds} load rounds; caught up"));
+
+        let committed = read_all(&b.addr, &topics, "read_committed");
+        let (reads, changes): (Vec<&Consumed>, Vec<&Consumed>) = committed.iter().partition(|r| {
+            r.value
+                .as_deref()
+                .is_some_and(|v| serde_json::from_slice::<Value>(v).unwrap()["op"] == "r")
+        });
+        // every change of the stream exactly once
+        let mut seen: HashMap<Change, u32> = HashMap::new();
+        for r in &changes {
+            *seen
+                .entry(comparable(
+                    &r.topic,
+                    r.key.as_deref(),
+                    r.value.as_deref().unwrap(),
+                ))
+                .or_default() += 1;
+        }
+        let mut expected: HashMap<Change, u32> = HashMap::new();
+        for ch in reference(&c, end) {
+            *expected.entry(ch).or_default() += 1;
+        }
+        let missing = expected.keys().filter(|k| !seen.contains_key(*k)).count();
+        let extra = seen.keys().filter(|k| !expected.contains_key(*k)).count();
+        assert!(
+            missing == 0 && extra == 0 && seen == expected,
+            "{label}: {missing} changes of the reference stream not in Kafka, {extra} in Kafka \
+             not in it (or some twice)"
+        );
+        // each row read at most once per snapshot (the FULL table twice)
+        let mut read_count: HashMap<(&str, &[u8]), u32> = HashMap::new();
+        for r in &reads {
+            *read_count
+                .entry((&r.topic, r.key.as_deref().unwrap()))
+                .or_default() += 1;
+        }
+        for ((topic, key), n) in &read_count {
+            let most = if topic.contains(".full_") { 2 } else { 1 };
+            assert!(
+                *n <= most,
+                "{label}: {topic} row {} read {n} times",
+                String::from_utf8_lossy(key)
+            );
+        }
+        let reads_of = |t: &str| reads.iter().filter(|r| r.topic == topic(t)).count();
+        // the rows there at the start and never touched are all read
+        assert!(
+            reads_of(&tables[0].0) as u64 > SNAPSHOT_ROWS * 9 / 10,
+            "{label}: only {} rows of {} read",
+            reads_of(&tables[0].0),
+            tables[0].0
+        );
+        // the copies equal the tables
+        let copy = materialize(&committed);
+        for (table, key) in &tables {
+            let src = keyed_rows(&c, table, key);
+            let empty = BTreeMap::new();
+            let got = copy.get(&topic(table)).unwrap_or(&empty);
+            let differ: Vec<String> = src
+                .iter()
+                .filter(|(k, v)| got.get(*k) != Some(v))
+                .map(|(k, v)| format!("{k}: source {v}, copy {:?}", got.get(k)))
+                .chain(
+                    got.keys()
+                        .filter(|k| !src.contains_key(*k))
+                        .map(|k| format!("{k}: in the copy only")),
+                )
+                .collect();
+            assert!(
+                differ.is_empty(),
+                "{label}: {} rows of {table} differ, e.g.:\n{}",
+                differ.len(),
+                differ
+                    .iter()
+                    .take(5)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+        }
+        let _ = std::fs::remove_dir_all(&logs);
+        eprintln!(
+            "{label}: {} read records and {} changes read_committed; {killed_mid_snapshot} \
+             SIGKILLs mid-snapshot, 0 duplicates, copies equal; {rounds} load rounds; {:.1?}",
+            reads.len(),
+            changes.len(),
+            t.elapsed()
         );
     }
 }

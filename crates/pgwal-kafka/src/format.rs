@@ -184,7 +184,7 @@ fn qualified(r: &Relation) -> String {
 /// [`Format::Pgwal`], Debezium's types otherwise): `columns` if given (see
 /// [`KeyColumns::for_relation`]), else the replica identity the Relation
 /// message marks; `None` when there are none or one of them is missing.
-fn key_object(
+pub(crate) fn key_object(
     format: &Format,
     row: &Row,
     columns: Option<&[String]>,
@@ -258,7 +258,7 @@ fn row_object(format: &Format, row: &Row) -> Result<Value, FormatError> {
 
 /// The names of a table's key columns: `columns` if given, else the
 /// replica identity the Relation message marks.
-fn key_names<'a>(rel: &'a Relation, columns: Option<&'a [String]>) -> Vec<&'a str> {
+pub(crate) fn key_names<'a>(rel: &'a Relation, columns: Option<&'a [String]>) -> Vec<&'a str> {
     match columns {
         Some(names) => names.iter().map(String::as_str).collect(),
         None => rel
@@ -302,6 +302,47 @@ pub fn encode(
     order: &mut TxOrder,
     event: &Event,
     now: PgTimestamp,
+) -> Result<Vec<Record>, FormatError> {
+    encode_event(format, routing, keys, tx, order, event, now, false)
+}
+
+/// The record for a row a snapshot read (see [`crate::snapshot`]): Debezium's
+/// `op: r` with `source.snapshot` `"incremental"`, or pgwal's `"type":
+/// "snapshot"`. `tx` and `lsn` are the transaction and position of the
+/// chunk's watermark, where the row stands in the stream.
+pub fn encode_read(
+    format: &Format,
+    routing: &Routing,
+    keys: &KeyColumns,
+    tx: &TxInfo,
+    lsn: Lsn,
+    row: &Row,
+    now: PgTimestamp,
+) -> Result<Vec<Record>, FormatError> {
+    let event = Event::Insert(pgwal::Change::insert(lsn, row.clone()));
+    encode_event(
+        format,
+        routing,
+        keys,
+        tx,
+        &mut TxOrder::new(),
+        &event,
+        now,
+        true,
+    )
+}
+
+/// [`encode`]; `read`: an insert event that is a snapshot's row.
+#[allow(clippy::too_many_arguments)]
+fn encode_event(
+    format: &Format,
+    routing: &Routing,
+    keys: &KeyColumns,
+    tx: &TxInfo,
+    order: &mut TxOrder,
+    event: &Event,
+    now: PgTimestamp,
+    read: bool,
 ) -> Result<Vec<Record>, FormatError> {
     let (op, change) = match event {
         Event::Insert(c) => ("c", c),
@@ -432,6 +473,7 @@ pub fn encode(
             let value = match format {
                 Format::Pgwal => pgwal_envelope(
                     match op {
+                        "c" if read => "snapshot",
                         "c" => "insert",
                         "u" => "update",
                         _ => "delete",
@@ -443,6 +485,24 @@ pub fn encode(
                     before.filter(|_| !change.old_is_key),
                     after,
                 ),
+                Format::Debezium {
+                    server_name,
+                    database,
+                    ..
+                } if read => {
+                    let mut v = debezium::envelope(
+                        (server_name, database),
+                        "r",
+                        rel,
+                        tx,
+                        (change.lsn, None),
+                        Value::Null,
+                        after.unwrap_or(Value::Null),
+                        now,
+                    );
+                    v["source"]["snapshot"] = json!("incremental");
+                    v
+                }
                 Format::Debezium {
                     server_name,
                     database,

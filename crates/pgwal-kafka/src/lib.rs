@@ -21,10 +21,11 @@ pub mod producer;
 pub mod progress;
 pub mod routing;
 pub mod sink;
+pub mod snapshot;
 mod spill;
 
 pub use bad_records::{BadRecordPolicy, BadRecordReason};
-pub use format::{encode, DecimalMode, Format, Record, TxInfo, TxOrder};
+pub use format::{encode, encode_read, DecimalMode, Format, Record, TxInfo, TxOrder};
 pub use keys::{KeyColumns, KeyColumnsError};
 pub use live::SinkLive;
 pub use routing::{Routing, RoutingError};

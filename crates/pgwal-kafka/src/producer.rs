@@ -26,7 +26,7 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 
 use crate::client::Context;
 use crate::format::Record;
-use crate::progress;
+use crate::progress::{self, Progress};
 
 /// Errors of the producer.
 #[derive(Debug, thiserror::Error)]
@@ -182,6 +182,12 @@ impl KafkaProducer {
 
     /// The last committed position of this stream in the progress topic.
     pub async fn committed(&self) -> Result<Option<Lsn>, ProducerError> {
+        Ok(self.committed_progress().await?.map(|p| p.end_lsn))
+    }
+
+    /// The last committed progress record of this stream, whole (with the
+    /// cursor of a snapshot in progress).
+    pub async fn committed_progress(&self) -> Result<Option<Progress>, ProducerError> {
         let cfg = self.config.clone();
         let context = self.context.clone();
         let t0 = std::time::Instant::now();
@@ -256,10 +262,23 @@ impl KafkaProducer {
         impl std::future::Future<Output = Result<(), ProducerError>> + Send + 'static,
         ProducerError,
     > {
+        self.start_commit_with(&Progress::at(end_lsn)).await
+    }
+
+    /// [`KafkaProducer::start_commit`] with a whole progress record (a
+    /// snapshot's cursor in it).
+    pub async fn start_commit_with(
+        &mut self,
+        p: &Progress,
+    ) -> Result<
+        impl std::future::Future<Output = Result<(), ProducerError>> + Send + 'static,
+        ProducerError,
+    > {
+        let end_lsn = p.end_lsn;
         let progress = Record {
             topic: self.config.progress_topic.clone(),
             key: Some(self.config.progress_key.clone().into_bytes()),
-            value: Some(progress::value(end_lsn)),
+            value: Some(progress::value_of(p)),
         };
         self.send(&progress).await?;
         self.open = false;
@@ -347,7 +366,10 @@ fn client_config(cfg: &ProducerConfig) -> ClientConfig {
 /// would be stale. Such a transaction ends within its batch time (this
 /// stream's own earlier one was fenced by `init_transactions`), so the
 /// read waits for it, up to the timeout, and never guesses.
-fn read_progress(cfg: &ProducerConfig, context: &Context) -> Result<Option<Lsn>, ProducerError> {
+fn read_progress(
+    cfg: &ProducerConfig,
+    context: &Context,
+) -> Result<Option<Progress>, ProducerError> {
     let group = format!("{}-progress-reader", cfg.transactional_id);
     let watermarks: BaseConsumer<Context> = client_config(cfg)
         .set("isolation.level", "read_uncommitted")
@@ -390,13 +412,13 @@ fn read_progress(cfg: &ProducerConfig, context: &Context) -> Result<Option<Lsn>,
             Some(Err(e)) => return Err(e.into()),
             Some(Ok(m)) if m.key() == Some(cfg.progress_key.as_bytes()) => {
                 let v = m.payload().unwrap_or_default();
-                last = Some(
-                    progress::parse(v).ok_or_else(|| ProducerError::BadProgress {
+                last = Some(progress::parse_progress(v).ok_or_else(|| {
+                    ProducerError::BadProgress {
                         topic: cfg.progress_topic.clone(),
                         key: cfg.progress_key.clone(),
                         offset: m.offset(),
-                    })?,
-                );
+                    }
+                })?);
             }
             // other streams' positions
             Some(Ok(_)) => {}

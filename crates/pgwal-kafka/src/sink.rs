@@ -39,7 +39,7 @@
 //! still roll back. Without it, a prepared transaction is decoded at
 //! `COMMIT PREPARED` as an ordinary transaction.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -50,12 +50,13 @@ use pgwal::{Config, Event, LogicalStream, Lsn, ReplicationClient, StreamConfig};
 use pgwal_protocol::PgTimestamp;
 
 use crate::bad_records::{self, BadRecordPolicy, BadRecordReason};
-use crate::format::{encode, stamp, Format, FormatError, Record, TxInfo, TxOrder};
+use crate::format::{encode, encode_read, stamp, Format, FormatError, Record, TxInfo, TxOrder};
 use crate::keys::{primary_key_query, KeyColumns};
 use crate::live::SinkLive;
 use crate::producer::{KafkaProducer, ProducerConfig, ProducerError};
-use crate::progress;
+use crate::progress::{self, Progress};
 use crate::routing::Routing;
+use crate::snapshot::{self, Chunk, SnapshotCursor, SnapshotError};
 use crate::spill::Spill;
 
 /// Where and how the sink writes.
@@ -111,6 +112,14 @@ pub struct SinkConfig {
     /// Counters and positions while the sink runs, for metrics and health
     /// checks (see [`SinkLive`]).
     pub live: Arc<SinkLive>,
+    /// When Kafka holds nothing of the stream yet, snapshot every published
+    /// table first (see [`crate::snapshot`]); needs PostgreSQL 14+.
+    pub initial_snapshot: bool,
+    /// Follow snapshot signals: transactional logical messages with prefix
+    /// [`snapshot::SIGNAL_PREFIX`] (14+; ignored before).
+    pub snapshot_signals: bool,
+    /// Rows a snapshot reads at a time.
+    pub snapshot_chunk_rows: usize,
 }
 
 impl SinkConfig {
@@ -139,6 +148,9 @@ impl SinkConfig {
             bad_records: BadRecordPolicy::Fail,
             max_record_bytes: 1_000_000,
             live: Arc::new(SinkLive::new()),
+            initial_snapshot: false,
+            snapshot_signals: true,
+            snapshot_chunk_rows: 4096,
         }
     }
 }
@@ -191,6 +203,16 @@ pub enum SinkError {
     /// The spill file.
     #[error("spilling a streamed transaction: {0}")]
     Spill(#[from] std::io::Error),
+    /// A snapshot could not read a table.
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+    /// `initial_snapshot` on a server before 14 (no logical messages in
+    /// pgoutput, which the snapshot's watermarks are).
+    #[error("--snapshot with --sink kafka needs PostgreSQL 14 or later (the server is {major})")]
+    SnapshotUnsupported {
+        /// The server's major version.
+        major: u32,
+    },
     /// The stream asks for two-phase decoding (see the module docs).
     #[error("the Kafka sink needs a stream without two-phase decoding: a transaction decoded at PREPARE may still roll back")]
     TwoPhase,
@@ -227,6 +249,15 @@ pub struct SinkStats {
     pub bad_skipped: u64,
     /// Changes written to the dead-letter topic instead.
     pub dead_lettered: u64,
+    /// Rows snapshots wrote (read records).
+    pub snapshot_rows: u64,
+    /// Snapshot chunks read.
+    pub snapshot_chunks: u64,
+    /// Chunks thrown away and read again: a change the sink had written was
+    /// not yet visible to the chunk's read, or a streamed transaction that
+    /// touched the table committed while the chunk waited for its
+    /// watermark.
+    pub snapshot_rereads: u64,
 }
 
 /// Streams `stream` through `pg` into Kafka until `stop` completes, the
@@ -242,10 +273,16 @@ pub async fn run(
     if stream.two_phase {
         return Err(SinkError::TwoPhase);
     }
-    let system_id = {
+    let (system_id, major) = {
         let mut c = ReplicationClient::connect(&pg).await?;
-        c.identify_system().await?.system_id
+        let major = c.server_major_version().unwrap_or(0);
+        (c.identify_system().await?.system_id, major)
     };
+    if sink.initial_snapshot && major < 14 {
+        return Err(SinkError::SnapshotUnsupported { major });
+    }
+    // snapshots' watermarks and signals are logical messages
+    let messages = (sink.initial_snapshot || sink.snapshot_signals) && major >= 14;
     let key = progress::key(&system_id, &stream.slot);
     let mut pcfg = ProducerConfig::new(
         sink.brokers.clone(),
@@ -268,6 +305,7 @@ pub async fn run(
     loop {
         let (result, connected) = {
             let mut session = Session::new(&sink, &mut stats);
+            session.messages = messages;
             let r = session.run(&pg, &stream, &pcfg, &mut stop).await;
             (r, session.connected)
         };
@@ -376,6 +414,23 @@ struct Session<'a> {
     catalog: Option<ReplicationClient>,
     /// The stream's receive timeout, which bounds each lookup too.
     lookup_timeout: Option<Duration>,
+    /// The stream carries logical messages (snapshots' watermarks and
+    /// signals).
+    messages: bool,
+    publications: Vec<String>,
+    /// The snapshot in progress as of the last event, as of the commit in
+    /// flight, and as of the last completed commit (what Kafka holds).
+    snapshot: Option<SnapshotCursor>,
+    snapshot_in_flight: Option<SnapshotCursor>,
+    snapshot_committed: Option<SnapshotCursor>,
+    /// The chunk waiting for its watermark, and when the next may be read.
+    chunk: Option<Chunk>,
+    next_chunk_at: Instant,
+    /// Transactions written while a snapshot runs that the last chunk's
+    /// read still saw in progress (see [`crate::snapshot`]).
+    emitted_xids: HashSet<u32>,
+    /// The tables each streamed transaction in progress touched.
+    streamed_tables: HashMap<u32, HashSet<u32>>,
 }
 
 type Commit = std::pin::Pin<Box<dyn Future<Output = Result<(), ProducerError>> + Send>>;
@@ -408,6 +463,15 @@ impl<'a> Session<'a> {
             pg: None,
             catalog: None,
             lookup_timeout: None,
+            messages: false,
+            publications: Vec::new(),
+            snapshot: None,
+            snapshot_in_flight: None,
+            snapshot_committed: None,
+            chunk: None,
+            next_chunk_at: Instant::now(),
+            emitted_xids: HashSet::new(),
+            streamed_tables: HashMap::new(),
         }
     }
 
@@ -457,6 +521,188 @@ impl<'a> Session<'a> {
         r
     }
 
+    /// The plain SQL connection for lookups and snapshot chunks, made at
+    /// its first use and after it broke.
+    async fn catalog(&mut self) -> Result<&mut ReplicationClient, pgwal::Error> {
+        if self.catalog.is_none() {
+            let pg = self.pg.as_ref().expect("set when the session starts");
+            self.catalog = Some(ReplicationClient::connect_sql(pg).await?);
+        }
+        Ok(self.catalog.as_mut().expect("just connected"))
+    }
+
+    /// Every published table, for `--snapshot` on a stream Kafka holds
+    /// nothing of.
+    async fn plan_initial_snapshot(&mut self) -> Result<Option<SnapshotCursor>, Failure> {
+        let pubs = self.publications.clone();
+        let pubs: Vec<&str> = pubs.iter().map(String::as_str).collect();
+        let client = self.catalog().await?;
+        let tables = pgwal::snapshot::published_tables(client, &pubs).await?;
+        tracing::info!(
+            tables = tables.len(),
+            "Kafka holds nothing of this stream: snapshot of the published tables first"
+        );
+        Ok((!tables.is_empty()).then(|| {
+            let mut c = SnapshotCursor::new(Vec::new());
+            c.add(tables.into_iter().map(|t| (t.schema, t.table)));
+            c
+        }))
+    }
+
+    /// Reads the next chunk of the snapshot, unless it must wait (see
+    /// [`crate::snapshot`]).
+    async fn read_chunk(&mut self) -> Result<(), Failure> {
+        let Some(cursor) = &self.snapshot else {
+            return Ok(());
+        };
+        let Some((schema, table)) = cursor.tables.first().cloned() else {
+            self.snapshot = None;
+            return Ok(());
+        };
+        let after = cursor.after.clone();
+        let pubs = self.publications.clone();
+        let keys = self.keys.clone();
+        let limit = self.sink.snapshot_chunk_rows.max(1);
+        let timeout = self.lookup_timeout;
+        let read = async {
+            let client = self.catalog().await?;
+            snapshot::read_chunk(
+                client,
+                &pubs,
+                (&schema, &table),
+                after.as_deref(),
+                limit,
+                &keys,
+            )
+            .await
+        };
+        let r = match timeout {
+            Some(t) => tokio::time::timeout(t, read)
+                .await
+                .unwrap_or(Err(SnapshotError::Postgres(pgwal::Error::ReceiveTimeout {
+                    after: t,
+                    waiting_for: "a snapshot chunk",
+                }))),
+            None => read.await,
+        };
+        let chunk = match r {
+            Ok(Some(chunk)) => chunk,
+            Ok(None) => {
+                tracing::warn!(table = %format!("{schema}.{table}"), "not a published table (any more); left out of the snapshot");
+                self.table_done();
+                return Ok(());
+            }
+            Err(SnapshotError::Postgres(e)) if e.is_transient() => {
+                self.catalog = None;
+                tracing::warn!(error = %e, "snapshot chunk failed; trying again in a second");
+                self.next_chunk_at = Instant::now() + Duration::from_secs(1);
+                return Ok(());
+            }
+            Err(e) => {
+                self.catalog = None;
+                return Err(Failure::Other(e.into()));
+            }
+        };
+        self.stats.snapshot_chunks += 1;
+        let mut chunk = chunk;
+        if let Some(pk) = chunk.primary_key.take() {
+            self.keys.set_primary_key(&chunk.relation, pk);
+        }
+        let unsure = chunk.committed_in_progress
+            || chunk
+                .in_progress
+                .iter()
+                .any(|x| self.emitted_xids.contains(x));
+        // what the read saw committed, every later read sees
+        self.emitted_xids.retain(|x| chunk.in_progress.contains(x));
+        if unsure {
+            self.stats.snapshot_rereads += 1;
+            tracing::debug!(table = %format!("{schema}.{table}"), "a transaction written before the chunk was not visible to it yet; reading the chunk again");
+            self.next_chunk_at = Instant::now() + Duration::from_millis(200);
+            return Ok(());
+        }
+        self.chunk = Some(chunk);
+        Ok(())
+    }
+
+    /// The chunk's watermark arrived (inside its transaction, at `lsn`):
+    /// its rows not changed meanwhile go to Kafka, and the cursor past it.
+    async fn chunk_done(&mut self, lsn: Lsn, producer: &mut KafkaProducer) -> Result<(), Failure> {
+        let chunk = self.chunk.take().expect("checked");
+        if chunk.abandoned {
+            self.stats.snapshot_rereads += 1;
+            return Ok(());
+        }
+        let tx = self
+            .current
+            .expect("a transactional message is inside its transaction");
+        let now = PgTimestamp::now();
+        let mut n = 0;
+        for row in chunk.rows.into_iter().flatten() {
+            let encoded = encode_read(
+                &self.sink.format,
+                &self.sink.routing,
+                &self.keys,
+                &tx,
+                lsn,
+                &row,
+                now,
+            );
+            let event = Event::Insert(pgwal::Change::insert(lsn, row));
+            if let Some(records) = self.writable(&event, &tx, encoded)? {
+                for r in records {
+                    self.send(&r, producer).await?;
+                }
+                n += 1;
+            }
+        }
+        self.stats.snapshot_rows += n;
+        let cursor = self
+            .snapshot
+            .as_mut()
+            .expect("chunks are read while a snapshot runs");
+        cursor.rows += n;
+        if chunk.table_done {
+            self.table_done();
+        } else {
+            cursor.after = chunk.last_key;
+        }
+        Ok(())
+    }
+
+    /// The snapshot's first table is done.
+    fn table_done(&mut self) {
+        let Some(cursor) = self.snapshot.as_mut() else {
+            return;
+        };
+        if !cursor.tables.is_empty() {
+            let (schema, table) = cursor.tables.remove(0);
+            tracing::info!(table = %format!("{schema}.{table}"), rows_so_far = cursor.rows, "snapshot of a table done");
+        }
+        cursor.after = None;
+        if cursor.tables.is_empty() {
+            tracing::info!(rows = cursor.rows, "snapshot finished");
+            self.snapshot = None;
+        }
+    }
+
+    /// A snapshot signal: its tables join the snapshot (a malformed one is
+    /// logged and ignored: the stream must go on).
+    fn signal(&mut self, content: &[u8], lsn: Lsn) {
+        match snapshot::parse_signal(content) {
+            Err(e) => {
+                tracing::warn!(%lsn, error = %e, "snapshot signal ignored: not {{\"tables\": [\"schema.table\", ...]}}")
+            }
+            Ok(tables) => {
+                tracing::info!(%lsn, ?tables, "snapshot signal");
+                let add = SnapshotCursor::new(tables).tables;
+                self.snapshot
+                    .get_or_insert_with(|| SnapshotCursor::new(Vec::new()))
+                    .add(add);
+            }
+        }
+    }
+
     fn kafka(&self, e: ProducerError) -> Failure {
         Failure::Kafka(e, self.committed_any)
     }
@@ -476,15 +722,33 @@ impl<'a> Session<'a> {
             _ = &mut *stop => return Ok(()),
         };
         self.connected = true;
-        let committed = tokio::select! {
-            c = producer.committed() => c.map_err(|e| self.kafka(e))?,
+        let progress = tokio::select! {
+            c = producer.committed_progress() => c.map_err(|e| self.kafka(e))?,
             _ = &mut *stop => return Ok(()),
         };
+        let committed = progress.as_ref().map(|p| p.end_lsn);
         self.stats.position = committed;
+        self.publications = stream_cfg.publications.clone();
+        self.snapshot = match progress {
+            Some(p) => p.snapshot,
+            None if self.sink.initial_snapshot => self.plan_initial_snapshot().await?,
+            None => None,
+        };
+        self.snapshot_committed = self.snapshot.clone();
+        if let Some(s) = &self.snapshot {
+            tracing::info!(
+                tables = s.tables.len(),
+                rows_so_far = s.rows,
+                "snapshot in progress"
+            );
+        }
         // the slot moves only at positions Kafka holds: an idle advance
         // would not be in the progress record, and the next start would
         // find the slot ahead of Kafka
         let mut cfg = stream_cfg.clone().idle_advance(false);
+        if self.messages {
+            cfg = cfg.messages(true);
+        }
         if let Some(every) = self.sink.heartbeat {
             cfg = cfg.heartbeat(every);
         }
@@ -533,6 +797,16 @@ impl<'a> Session<'a> {
                 .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
             if let Some(l) = self.to_ack.take() {
                 stream.ack(l);
+            }
+            // a chunk is read between transactions: everything written so
+            // far is before its window
+            if self.snapshot.is_some()
+                && self.chunk.is_none()
+                && self.current.is_none()
+                && self.block.is_none()
+                && Instant::now() >= self.next_chunk_at
+            {
+                self.read_chunk().await?;
             }
             self.sink
                 .live
@@ -600,7 +874,10 @@ impl<'a> Session<'a> {
                 self.keys.set_primary_key(rel, columns);
             }
             Event::Commit(c) => {
-                self.current = None;
+                let xid = self.current.take().map(|t| t.xid);
+                if let (Some(xid), true) = (xid, self.snapshot.is_some()) {
+                    self.emitted_xids.insert(xid);
+                }
                 if std::mem::take(&mut self.skip_current) {
                     self.stats.skipped += 1;
                     stream.ack(c.end_lsn);
@@ -624,6 +901,7 @@ impl<'a> Session<'a> {
                     }
                 }
                 if a.xid == a.subxid {
+                    self.streamed_tables.remove(&a.xid);
                     if let Some(s) = self.streamed.remove(&a.xid) {
                         self.streamed_bytes -= s.memory_bytes();
                     }
@@ -643,10 +921,21 @@ impl<'a> Session<'a> {
                 }
                 let spill = self.streamed.remove(&c.xid).unwrap_or_else(Spill::new);
                 self.streamed_bytes -= spill.memory_bytes();
+                let touched = self.streamed_tables.remove(&c.xid).unwrap_or_default();
+                if self.snapshot.is_some() {
+                    self.emitted_xids.insert(c.xid);
+                }
                 if c.commit_lsn < self.written {
                     self.stats.skipped += 1;
                     stream.ack(c.end_lsn);
                     return Ok(());
+                }
+                // its changes are written now, in the chunk's window, and
+                // their keys were not kept: read the chunk again
+                if let Some(chunk) = self.chunk.as_mut() {
+                    if touched.contains(&chunk.relation.oid) {
+                        chunk.abandoned = true;
+                    }
                 }
                 let tx = TxInfo::new(c.xid, c.commit_lsn, c.commit_time);
                 let mut order = TxOrder::new();
@@ -701,6 +990,25 @@ impl<'a> Session<'a> {
                 self.failed_streamed.clear();
                 self.streamed_bytes = 0;
                 self.block = None;
+                // Kafka holds the snapshot as far as its last commit
+                self.snapshot = self.snapshot_committed.clone();
+                self.chunk = None;
+                self.streamed_tables.clear();
+            }
+            Event::Message(m)
+                if m.is_transactional() && !self.skip_current && self.block.is_none() =>
+            {
+                if m.prefix == snapshot::WATERMARK_PREFIX {
+                    if self
+                        .chunk
+                        .as_ref()
+                        .is_some_and(|c| c.id.as_bytes() == &m.content[..])
+                    {
+                        self.chunk_done(m.lsn, producer).await?;
+                    }
+                } else if m.prefix == snapshot::SIGNAL_PREFIX && self.sink.snapshot_signals {
+                    self.signal(&m.content, m.lsn);
+                }
             }
             // relations are in the stream's cache; messages and origins are
             // not written; prepares do not come without two-phase decoding
@@ -718,6 +1026,16 @@ impl<'a> Session<'a> {
         producer: &mut KafkaProducer,
     ) -> Result<(), Failure> {
         let now = PgTimestamp::now();
+        if let (Some(top), Some(_)) = (self.block, xid) {
+            let touched = self.streamed_tables.entry(top).or_default();
+            match event {
+                Event::Insert(c) | Event::Update(c) | Event::Delete(c) => {
+                    touched.insert(c.relation.oid);
+                }
+                Event::Truncate(t) => touched.extend(t.relations.iter().map(|r| r.oid)),
+                _ => {}
+            }
+        }
         if let (Some(top), Some(sub)) = (self.block, xid) {
             // the commit's fields are stamped in at the commit, and the
             // orders counted again there
@@ -759,6 +1077,9 @@ impl<'a> Session<'a> {
         let Some(tx) = self.current else {
             return Ok(());
         };
+        if let Some(chunk) = self.chunk.as_mut() {
+            in_window(chunk, event, &self.keys);
+        }
         let encoded = encode(
             &self.sink.format,
             &self.sink.routing,
@@ -903,6 +1224,7 @@ impl<'a> Session<'a> {
             .map(|t| Duration::from_micros(PgTimestamp::now().0.saturating_sub(t.0).max(0) as u64));
         self.sink.live.kafka_commit(took, end, lag);
         self.stats.position = Some(end);
+        self.snapshot_committed = self.snapshot_in_flight.take();
         self.written = end;
         self.to_ack = Some(end);
         if send_held {
@@ -954,14 +1276,39 @@ impl<'a> Session<'a> {
         self.await_commit(producer, true).await?;
         // the held records joined the open transaction; it ends here
         let end = self.pending_end.take().expect("checked");
+        let p = Progress {
+            end_lsn: end,
+            snapshot: self.snapshot.clone(),
+        };
         let c = producer
-            .start_commit(end)
+            .start_commit_with(&p)
             .await
             .map_err(|e| self.kafka(e))?;
+        self.snapshot_in_flight = p.snapshot;
         self.committing = Some((Box::pin(c), end));
         self.commit_started = Some((Instant::now(), self.tx_commit_time));
         self.batch_bytes = 0;
         self.batch_since = None;
         Ok(())
+    }
+}
+
+/// A change written while `chunk` waits for its watermark: the rows it
+/// touches leave the chunk (the stream carries their newer state).
+fn in_window(chunk: &mut Chunk, event: &Event, keys: &KeyColumns) {
+    match event {
+        Event::Insert(c) | Event::Update(c) | Event::Delete(c)
+            if c.relation.oid == chunk.relation.oid =>
+        {
+            for row in [&c.old, &c.new].into_iter().flatten() {
+                if let Some(k) = snapshot::row_key(row, keys) {
+                    chunk.changed(&k);
+                }
+            }
+        }
+        Event::Truncate(t) if t.relations.iter().any(|r| r.oid == chunk.relation.oid) => {
+            chunk.truncated()
+        }
+        _ => {}
     }
 }

@@ -17,7 +17,9 @@ pub struct Row {
 }
 
 impl Row {
-    pub(crate) fn new(relation: Arc<Relation>, values: TupleData) -> Row {
+    /// A row of `relation` with `values` in its column order (one per
+    /// column); for rows read outside the stream, such as a snapshot's.
+    pub fn new(relation: Arc<Relation>, values: TupleData) -> Row {
         Row { relation, values }
     }
 
@@ -83,6 +85,21 @@ pub struct Change {
     /// filled from a full old image when the server sent one; otherwise they
     /// stay [`ColumnValue::UnchangedToast`].
     pub new: Option<Row>,
+}
+
+impl Change {
+    /// An insert of `new` at `lsn`, for rows read outside the stream (a
+    /// snapshot's), so that they go through the same encoders.
+    pub fn insert(lsn: Lsn, new: Row) -> Change {
+        Change {
+            xid: None,
+            lsn,
+            relation: new.relation().clone(),
+            old: None,
+            old_is_key: false,
+            new: Some(new),
+        }
+    }
 }
 
 /// Tables truncated together.

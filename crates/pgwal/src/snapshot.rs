@@ -19,6 +19,8 @@ mod copy_text;
 mod pieces;
 mod publication;
 
+pub use publication::PublishedTable;
+
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -216,6 +218,18 @@ pub async fn table_copy(
         export_snapshot(&mut repl, &name, CreateSlotOptions::new().temporary(true)).await?;
     // the temporary slot goes with this connection, after the copy
     copy_in_snapshot(config, &snapshot, point, publications, opts, sink, progress).await
+}
+
+/// The tables `publications` publish, and what of each (columns, row
+/// filter), combined over the publications as the server's own table
+/// synchronization does; over a SQL connection (`sql`), in its snapshot.
+pub async fn published_tables(
+    sql: &mut ReplicationClient,
+    publications: &[&str],
+) -> Result<Vec<PublishedTable>> {
+    let pubs: Vec<String> = publications.iter().map(|p| quote_literal(p)).collect();
+    let major = sql.server_major_version().unwrap_or(10);
+    publication::published_tables(sql, &pubs, major).await
 }
 
 /// Creates `slot` with an exported snapshot; returns its consistent point

@@ -5,15 +5,20 @@ use crate::client::ReplicationClient;
 use crate::error::{Error, Result};
 
 /// A table as the publications publish it.
-pub(crate) struct PublishedTable {
-    pub(crate) schema: String,
-    pub(crate) table: String,
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PublishedTable {
+    /// Its schema.
+    pub schema: String,
+    /// Its name.
+    pub table: String,
     /// The published columns, when a publication lists them (15+).
-    pub(crate) columns: Option<Vec<String>>,
-    /// The rows published: the publications' filters OR-ed (15+).
-    pub(crate) row_filter: Option<String>,
+    pub columns: Option<Vec<String>>,
+    /// The rows published: the publications' filters OR-ed, parenthesized
+    /// (15+).
+    pub row_filter: Option<String>,
     /// A partitioned table (published via its root).
-    pub(crate) partitioned: bool,
+    pub partitioned: bool,
 }
 
 /// What the publications publish of each table, combined as the server's

@@ -1,0 +1,546 @@
+//! Snapshots into Kafka: the rows tables already hold, as read records
+//! (`op: r`), consistent with the stream and exactly once.
+//!
+//! A snapshot reads each table in key order, a chunk at a time, while the
+//! sink keeps streaming (the DBLog idea that Debezium's incremental
+//! snapshots also use). A chunk is made consistent with the stream like
+//! this:
+//!
+//! 1. The sink pauses between two transactions, at stream position P: all
+//!    it wrote so far is before P.
+//! 2. On a SQL connection, one `REPEATABLE READ` transaction with snapshot
+//!    S reads the table's description and the chunk (`WHERE key > last
+//!    ORDER BY key LIMIT n`), and emits a transactional logical message, the
+//!    *watermark*, with the chunk's id. Its commit record follows every
+//!    commit record of a transaction visible in S.
+//! 3. The sink streams on. Every change between P and the watermark to a
+//!    row in the chunk removes that row from the chunk: the stream carries
+//!    its newer state. At the watermark the rows left are written as read
+//!    records, then the cursor moves past the chunk in the progress record
+//!    of the same Kafka transaction.
+//!
+//! Why the rows written are right: a row left in the chunk was not changed
+//! between P and the watermark, and no transaction after the watermark is
+//! visible in S; so it is as S saw it unless a change the sink wrote
+//! *before* P is invisible in S. That happens when a transaction's commit
+//! is decoded before it becomes visible (a synchronous standby holds it).
+//! The chunk is then thrown away and read again later: it is checked two
+//! ways, against the transactions this sink wrote that S still sees in
+//! progress, and against those S sees in progress that `pg_xact_status`
+//! already calls committed.
+//!
+//! A streamed transaction's changes reach Kafka at its commit; when one
+//! that touched the chunk's table commits inside the window, the chunk is
+//! read again (its keys are not kept). A crash loses the chunk; the
+//! restarted sink reads it again from the cursor in Kafka's progress and
+//! ignores the old watermark, whose id is not its chunk's.
+//!
+//! Snapshots start with `--snapshot` when Kafka holds nothing of the stream
+//! yet (every published table), or at a *signal*: a transactional logical
+//! message with prefix [`SIGNAL_PREFIX`] and content `{"tables": ["schema.table", ...]}`,
+//! which comes through the stream in commit order, exactly once.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use pgwal::protocol::pgoutput::{
+    ColumnValue, Relation, RelationColumn, ReplicaIdentity, TupleData,
+};
+use pgwal::{ReplicationClient, Row};
+use serde::{Deserialize, Serialize};
+
+use crate::format::{key_names, key_object, Format};
+use crate::keys::{primary_key_query, KeyColumns};
+
+/// The prefix of the logical messages that start a snapshot.
+pub const SIGNAL_PREFIX: &str = "pgwal.snapshot";
+
+/// The prefix of the chunks' watermark messages.
+pub const WATERMARK_PREFIX: &str = "pgwal.snapshot.watermark";
+
+/// Where a snapshot stands, as the progress record carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct SnapshotCursor {
+    /// The tables still to read, as (schema, table); the first is being
+    /// read.
+    pub tables: Vec<(String, String)>,
+    /// The key (its columns' text values) of the last row read of the
+    /// first table; `None`: from its start.
+    pub after: Option<Vec<String>>,
+    /// Rows written so far by this snapshot.
+    pub rows: u64,
+}
+
+impl SnapshotCursor {
+    /// A snapshot of `tables` (`schema.table`; the first dot separates)
+    /// from their start.
+    pub fn new(tables: Vec<String>) -> SnapshotCursor {
+        SnapshotCursor {
+            tables: tables
+                .into_iter()
+                .map(|t| match t.split_once('.') {
+                    Some((s, t)) => (s.to_owned(), t.to_owned()),
+                    None => ("public".to_owned(), t),
+                })
+                .collect(),
+            after: None,
+            rows: 0,
+        }
+    }
+
+    /// Adds tables not queued yet, in order.
+    pub fn add(&mut self, tables: impl IntoIterator<Item = (String, String)>) {
+        for t in tables {
+            if !self.tables.contains(&t) {
+                self.tables.push(t);
+            }
+        }
+    }
+}
+
+/// Errors of reading a chunk.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SnapshotError {
+    /// From PostgreSQL.
+    #[error(transparent)]
+    Postgres(#[from] pgwal::Error),
+    /// The table has no columns that identify its rows: no primary key or
+    /// replica identity index, and none configured.
+    #[error("{schema}.{table} cannot be snapshotted: its rows have no key (no primary key or replica identity index); name key columns with --kafka-key-columns")]
+    NoKey {
+        /// Schema.
+        schema: String,
+        /// Table.
+        table: String,
+    },
+    /// A value the server returned that pgwal cannot read.
+    #[error("snapshot of {table}: {what}")]
+    BadResult {
+        /// `schema.table`.
+        table: String,
+        /// What.
+        what: String,
+    },
+}
+
+/// The signal's content: which tables to snapshot.
+pub fn parse_signal(content: &[u8]) -> Result<Vec<String>, String> {
+    #[derive(Deserialize)]
+    struct Signal {
+        tables: Vec<String>,
+    }
+    let s: Signal = serde_json::from_slice(content).map_err(|e| e.to_string())?;
+    Ok(s.tables)
+}
+
+/// One chunk read, waiting for its watermark.
+#[derive(Debug)]
+pub(crate) struct Chunk {
+    /// The watermark's content.
+    pub id: String,
+    /// The table as the chunk read it.
+    pub relation: Arc<Relation>,
+    /// The rows still to write (`None`: changed in the window).
+    pub rows: Vec<Option<Row>>,
+    /// Each row's key (pgwal's JSON of its key columns) → index in `rows`.
+    pub index: HashMap<Vec<u8>, usize>,
+    /// The key of the chunk's last row, the cursor after it.
+    pub last_key: Option<Vec<String>>,
+    /// Fewer rows than asked for: the table is done after this chunk.
+    pub table_done: bool,
+    /// Read again: a streamed transaction that touched the table committed
+    /// in the window.
+    pub abandoned: bool,
+    /// Transactions S saw in progress (low 32 bits), and whether one of
+    /// them was already committed (decoded before it became visible).
+    pub in_progress: Vec<u32>,
+    pub committed_in_progress: bool,
+    /// The table's primary key, when the key columns of its records are
+    /// (a FULL table) and `KeyColumns` did not know it yet.
+    pub primary_key: Option<Vec<String>>,
+}
+
+impl Chunk {
+    /// Removes the row with this key (pgwal's key JSON) from the chunk.
+    pub fn changed(&mut self, key: &[u8]) {
+        if let Some(i) = self.index.remove(key) {
+            self.rows[i] = None;
+        }
+    }
+
+    /// Every row goes (the table was truncated in the window).
+    pub fn truncated(&mut self) {
+        self.index.clear();
+        self.rows.iter_mut().for_each(|r| *r = None);
+    }
+}
+
+/// The key of `row` as the chunk indexes it: its record key columns in
+/// pgwal's JSON (`None`: a key column is NULL or missing).
+pub(crate) fn row_key(row: &Row, keys: &KeyColumns) -> Option<Vec<u8>> {
+    let k = key_object(&Format::Pgwal, row, keys.for_relation(row.relation())).ok()??;
+    Some(serde_json::to_vec(&k).expect("JSON serializes"))
+}
+
+fn quote_ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+fn quote_literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// A fresh watermark id: process, time and a counter.
+fn watermark_id() -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    format!(
+        "{}-{t:x}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// What the catalog says of a table, in the chunk's snapshot.
+struct Described {
+    relation: Arc<Relation>,
+    /// Each column's type name without modifier, for the cursor's casts.
+    type_names: Vec<String>,
+    partitioned: bool,
+}
+
+/// Reads the next chunk of `table` after `after` (at most `limit` rows) in
+/// one transaction on `sql`, and emits its watermark. `publications` say
+/// which columns and rows are published. `None`: the table is no longer
+/// there or no longer published (it is left out of the snapshot).
+pub(crate) async fn read_chunk(
+    sql: &mut ReplicationClient,
+    publications: &[String],
+    (schema, table): (&str, &str),
+    after: Option<&[String]>,
+    limit: usize,
+    keys: &KeyColumns,
+) -> Result<Option<Chunk>, SnapshotError> {
+    sql.simple_query("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .await?;
+    let r = read_chunk_in(sql, publications, (schema, table), after, limit, keys).await;
+    let end = if r.as_ref().is_ok_and(Option::is_some) {
+        "COMMIT"
+    } else {
+        "ROLLBACK"
+    };
+    match r {
+        Ok(c) => {
+            sql.simple_query(end).await?;
+            Ok(c)
+        }
+        Err(e) => {
+            let _ = sql.simple_query(end).await;
+            Err(e)
+        }
+    }
+}
+
+async fn read_chunk_in(
+    sql: &mut ReplicationClient,
+    publications: &[String],
+    (schema, table): (&str, &str),
+    after: Option<&[String]>,
+    limit: usize,
+    keys: &KeyColumns,
+) -> Result<Option<Chunk>, SnapshotError> {
+    let name = format!("{schema}.{table}");
+    let bad = |what: String| SnapshotError::BadResult {
+        table: name.clone(),
+        what,
+    };
+    // the watermark needs no synchronous standby: it is only a position
+    sql.simple_query("SET LOCAL synchronous_commit = local")
+        .await?;
+    // the first query takes S
+    let mut in_progress = Vec::new();
+    let mut committed_in_progress = false;
+    for r in sql
+        .simple_query(
+            "SELECT x::text, pg_catalog.pg_xact_status(x) \
+             FROM pg_catalog.pg_snapshot_xip(pg_catalog.pg_current_snapshot()) AS x",
+        )
+        .await?
+    {
+        let x: u64 = r
+            .get_index(0)
+            .and_then(|x| x.parse().ok())
+            .ok_or_else(|| bad("an in-progress xid that is not a number".into()))?;
+        // pgoutput's xids are the low 32 bits
+        in_progress.push(x as u32);
+        committed_in_progress |= r.get_index(1) == Some("committed");
+    }
+    let pubs: Vec<&str> = publications.iter().map(String::as_str).collect();
+    let published = pgwal::snapshot::published_tables(sql, &pubs).await?;
+    let Some(p) = published
+        .iter()
+        .find(|t| t.schema == schema && t.table == table)
+    else {
+        return Ok(None);
+    };
+    let Some(d) = describe(sql, schema, table, p.columns.as_deref()).await? else {
+        return Ok(None);
+    };
+    let rel = &d.relation;
+    let mut primary_key = None;
+    let mut keys = keys.clone();
+    if keys.needs_lookup(rel) {
+        let pk: Vec<String> = sql
+            .simple_query(&primary_key_query(rel.oid))
+            .await?
+            .iter()
+            .filter_map(|r| r.get("attname").map(str::to_owned))
+            .collect();
+        keys.set_primary_key(rel, pk.clone());
+        primary_key = Some(pk);
+    }
+    let key_cols: Vec<String> = key_names(rel, keys.for_relation(rel))
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    if key_cols.is_empty() {
+        return Err(SnapshotError::NoKey {
+            schema: schema.into(),
+            table: table.into(),
+        });
+    }
+    let key_types: Vec<&str> = key_cols
+        .iter()
+        .map(|k| {
+            rel.columns
+                .iter()
+                .position(|c| &c.name == k)
+                .map(|i| d.type_names[i].as_str())
+                .ok_or_else(|| SnapshotError::NoKey {
+                    schema: schema.into(),
+                    table: table.into(),
+                })
+        })
+        .collect::<Result<_, _>>()?;
+    let list: Vec<String> = rel
+        .columns
+        .iter()
+        .map(|c| quote_ident(&c.name))
+        .chain(key_cols.iter().map(|k| quote_ident(k)))
+        .collect();
+    let key_list: Vec<String> = key_cols.iter().map(|k| quote_ident(k)).collect();
+    let mut conditions = Vec::new();
+    if let Some(f) = &p.row_filter {
+        conditions.push(f.clone());
+    }
+    if let Some(after) = after {
+        if after.len() != key_cols.len() {
+            return Err(bad(format!(
+                "the cursor has {} key values, the key {} columns ({})",
+                after.len(),
+                key_cols.len(),
+                key_cols.join(", ")
+            )));
+        }
+        let values: Vec<String> = after
+            .iter()
+            .zip(&key_types)
+            .map(|(v, t)| format!("{}::{t}", quote_literal(v)))
+            .collect();
+        conditions.push(format!(
+            "({}) > ({})",
+            key_list.join(", "),
+            values.join(", ")
+        ));
+    }
+    let query = format!(
+        "SELECT {} FROM {}{}.{}{} ORDER BY {} LIMIT {limit}",
+        list.join(", "),
+        if d.partitioned { "" } else { "ONLY " },
+        quote_ident(schema),
+        quote_ident(table),
+        if conditions.is_empty() {
+            String::new()
+        } else {
+            format!(" WHERE {}", conditions.join(" AND "))
+        },
+        key_list.join(", "),
+    );
+    let result = sql.simple_query(&query).await?;
+    let n = rel.columns.len();
+    let mut rows = Vec::with_capacity(result.len());
+    let mut index = HashMap::with_capacity(result.len());
+    let mut last_key = None;
+    for r in &result {
+        let values: Vec<ColumnValue> = (0..n)
+            .map(|i| match r.get_index(i) {
+                Some(v) => ColumnValue::Text(Bytes::copy_from_slice(v.as_bytes())),
+                None => ColumnValue::Null,
+            })
+            .collect();
+        let row = Row::new(rel.clone(), TupleData(values));
+        let key: Option<Vec<String>> = (n..n + key_cols.len())
+            .map(|i| r.get_index(i).map(str::to_owned))
+            .collect();
+        let key =
+            key.ok_or_else(|| bad(format!("a NULL in key columns {}", key_cols.join(", "))))?;
+        let k = row_key(&row, &keys).ok_or_else(|| {
+            bad(format!(
+                "a row without its key columns {}",
+                key_cols.join(", ")
+            ))
+        })?;
+        if index.insert(k, rows.len()).is_some() {
+            return Err(bad(format!(
+                "two rows with the same key ({}): the key columns must be unique",
+                key.join(", ")
+            )));
+        }
+        rows.push(Some(row));
+        last_key = Some(key);
+    }
+    let id = watermark_id();
+    sql.simple_query(&format!(
+        "SELECT pg_catalog.pg_logical_emit_message(true, {}, {})",
+        quote_literal(WATERMARK_PREFIX),
+        quote_literal(&id)
+    ))
+    .await?;
+    Ok(Some(Chunk {
+        id,
+        relation: d.relation,
+        table_done: rows.len() < limit,
+        rows,
+        index,
+        last_key,
+        abandoned: false,
+        in_progress,
+        committed_in_progress,
+        primary_key,
+    }))
+}
+
+/// The table's description as pgoutput's Relation message would give it:
+/// the published columns in order, the replica identity's flagged.
+async fn describe(
+    sql: &mut ReplicationClient,
+    schema: &str,
+    table: &str,
+    published: Option<&[String]>,
+) -> Result<Option<Described>, SnapshotError> {
+    let rel = sql
+        .simple_query(&format!(
+            "SELECT c.oid, c.relreplident, c.relkind = 'p' FROM pg_catalog.pg_class c \
+             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = {} AND c.relname = {}",
+            quote_literal(schema),
+            quote_literal(table)
+        ))
+        .await?;
+    let Some(r) = rel.first() else {
+        return Ok(None);
+    };
+    let bad = |what: &str| SnapshotError::BadResult {
+        table: format!("{schema}.{table}"),
+        what: what.into(),
+    };
+    let oid: u32 = r
+        .get_index(0)
+        .and_then(|o| o.parse().ok())
+        .ok_or_else(|| bad("pg_class.oid"))?;
+    let identity = match r.get_index(1) {
+        Some("d") => ReplicaIdentity::Default,
+        Some("f") => ReplicaIdentity::Full,
+        Some("i") => ReplicaIdentity::Index,
+        Some("n") => ReplicaIdentity::Nothing,
+        _ => return Err(bad("pg_class.relreplident")),
+    };
+    let partitioned = r.get_index(2) == Some("t");
+    let columns_filter = match published {
+        Some(cols) => format!(
+            "a.attname = ANY (ARRAY[{}]::text[])",
+            cols.iter()
+                .map(|c| quote_literal(c))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        None => "a.attgenerated = ''".into(),
+    };
+    let cols = sql
+        .simple_query(&format!(
+            "SELECT a.attname, a.atttypid, a.atttypmod, \
+                    pg_catalog.format_type(a.atttypid, NULL), \
+                    c.relreplident = 'f' OR EXISTS (SELECT FROM pg_catalog.pg_index i \
+                        WHERE i.indrelid = c.oid AND a.attnum = ANY (i.indkey) \
+                        AND CASE c.relreplident WHEN 'd' THEN i.indisprimary \
+                                 WHEN 'i' THEN i.indisreplident ELSE false END) \
+             FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid \
+             WHERE c.oid = {oid} AND a.attnum > 0 AND NOT a.attisdropped AND {columns_filter} \
+             ORDER BY a.attnum"
+        ))
+        .await?;
+    let mut columns = Vec::with_capacity(cols.len());
+    let mut type_names = Vec::with_capacity(cols.len());
+    for c in &cols {
+        let parse = |i: usize, what: &str| -> Result<i64, SnapshotError> {
+            c.get_index(i)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| bad(what))
+        };
+        columns.push(RelationColumn {
+            flags: u8::from(c.get_index(4) == Some("t")),
+            name: c.get_index(0).ok_or_else(|| bad("attname"))?.to_owned(),
+            type_oid: parse(1, "atttypid")? as u32,
+            type_modifier: parse(2, "atttypmod")? as i32,
+        });
+        type_names.push(c.get_index(3).ok_or_else(|| bad("format_type"))?.to_owned());
+    }
+    Ok(Some(Described {
+        relation: Arc::new(Relation {
+            xid: None,
+            oid,
+            namespace: schema.to_owned(),
+            name: table.to_owned(),
+            replica_identity: identity,
+            columns,
+        }),
+        type_names,
+        partitioned,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursor_names_and_queue() {
+        let mut c = SnapshotCursor::new(vec!["public.a".into(), "b".into(), "s.c.d".into()]);
+        assert_eq!(
+            c.tables,
+            vec![
+                ("public".into(), "a".into()),
+                ("public".into(), "b".into()),
+                ("s".into(), "c.d".into())
+            ]
+        );
+        c.add([("public".into(), "b".into()), ("x".into(), "y".into())]);
+        assert_eq!(c.tables.len(), 4);
+    }
+
+    #[test]
+    fn signals() {
+        assert_eq!(
+            parse_signal(br#"{"tables": ["public.t"]}"#).unwrap(),
+            vec!["public.t".to_owned()]
+        );
+        assert!(parse_signal(b"public.t").is_err());
+    }
+}
