@@ -1811,6 +1811,10 @@ fn kafka_sink_snapshot_while_written_and_killed() {
     let b = Broker::start("snapshot");
     let kafka = broker::sink_args(&b.addr, &[]);
     for (label, bin) in support::servers() {
+        // 15 (pgoutput v3) and 18; 17's v4 stream is 18's
+        if label == "pg17" {
+            continue;
+        }
         let t = Instant::now();
         let phase = |what: &str| eprintln!("{label}: {:6.1} s {what}", t.elapsed().as_secs_f64());
         let c = Cluster::start(
@@ -2033,6 +2037,10 @@ fn kafka_sink_snapshot_while_written_and_killed() {
                     .join("\n")
             );
         }
+        let rereads = snapshot_behind_a_held_commit(label, &c, &b.addr, &kafka, &logs, n + 2);
+        phase(&format!(
+            "a snapshot behind a commit a synchronous standby held: read again {rereads} times"
+        ));
         let _ = std::fs::remove_dir_all(&logs);
         eprintln!(
             "{label}: {} read records and {} changes read_committed; {killed_mid_snapshot} \
@@ -2042,4 +2050,123 @@ fn kafka_sink_snapshot_while_written_and_killed() {
             t.elapsed()
         );
     }
+}
+
+/// The number in `log`'s last summary of chunks read again.
+fn chunks_read_again(log: &str) -> u64 {
+    log.rsplit(" chunks (")
+        .next()
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no snapshot summary in the log:\n{log}"))
+}
+
+/// A transaction whose commit the stream carries while the server still
+/// hides it (a synchronous standby has not confirmed it): a chunk read
+/// then must not be written, or the row's older state would follow its
+/// newer one into Kafka. The sink reads the chunk again until the commit is
+/// visible; the copy then has the newer state. Returns how often the chunk
+/// was read again.
+fn snapshot_behind_a_held_commit(
+    label: &str,
+    c: &Cluster,
+    addr: &str,
+    kafka: &[String],
+    logs: &Path,
+    n: usize,
+) -> u64 {
+    let table = format!("held_{label}");
+    let t = Instant::now();
+    let phase = |what: &str| eprintln!("{label}: held: {:6.1} s {what}", t.elapsed().as_secs_f64());
+    c.psql(&format!(
+        "CREATE TABLE {table} (id int PRIMARY KEY, ver int NOT NULL);
+         INSERT INTO {table} SELECT g, 1 FROM generate_series(1, 1000) g;
+         ALTER PUBLICATION p ADD TABLE {table};
+         ALTER SYSTEM SET synchronous_standby_names = 'ghost';
+         SELECT pg_reload_conf();"
+    ));
+    // waits for a standby that is not there
+    while c.query("SHOW synchronous_standby_names") != "ghost" {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let held = c.psql_in_background(format!(
+        "SET synchronous_commit = on; UPDATE {table} SET ver = 2 WHERE id = 5;"
+    ));
+    let t0 = Instant::now();
+    while c.query("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'") != "1" {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "{label}: the commit did not wait"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    phase("a commit waits for the standby");
+    let mut sink = start_sink(c, kafka, logs, n, &["--kafka-snapshot-chunk-rows", "500"]);
+    sink.wait_streaming();
+    phase("streaming");
+    let signal: Lsn = c
+        .query(&format!(
+            "SET synchronous_commit = local; \
+             SELECT pg_logical_emit_message(true, 'pgwal.snapshot', '{{\"tables\": [\"public.{table}\"]}}')"
+        ))
+        .lines()
+        .last()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // the snapshot cannot move while the update is hidden
+    let t0 = Instant::now();
+    loop {
+        let p = kafka_progress_value(addr).unwrap();
+        let end: Lsn = p["end_lsn"].as_str().unwrap().parse().unwrap();
+        if end > signal {
+            assert_eq!(
+                p["snapshot"]["rows"], 0,
+                "{label}: the snapshot wrote rows while a commit it saw in the stream was hidden"
+            );
+            if t0.elapsed() > Duration::from_secs(3) {
+                break;
+            }
+        }
+        sink.assert_running(label);
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{label}: the signal was not committed to Kafka in 60 s:\n{}",
+            sink.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    phase("the snapshot waited");
+    // the standby "confirms": the commit becomes visible
+    c.psql(
+        "ALTER SYSTEM RESET synchronous_standby_names; SELECT pg_reload_conf();
+         SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep';",
+    );
+    held.join().unwrap();
+    let t0 = Instant::now();
+    while kafka_progress_value(addr).is_some_and(|p| p.get("snapshot").is_some()) {
+        sink.assert_running(label);
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{label}: the snapshot did not end in 60 s after the commit became visible:\n{}",
+            sink.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    phase("the snapshot ended");
+    let (ok, log) = sink.terminate();
+    assert!(ok, "{label}: pgwal failed on SIGTERM:\n{log}");
+    phase("pgwal stopped");
+    let records = read_all(addr, &[&topic(&table)], "read_committed");
+    let copy = materialize(&records);
+    let copy = copy.get(&topic(&table)).expect("records of the table");
+    assert_eq!(copy.len(), 1000, "{label}");
+    assert_eq!(
+        copy[r#"{"id":5}"#]["ver"], 2,
+        "{label}: the row's state from before the hidden commit was written after it"
+    );
+    let rereads = chunks_read_again(&log);
+    assert!(rereads > 0, "{label}: no chunk was read again:\n{log}");
+    rereads
 }

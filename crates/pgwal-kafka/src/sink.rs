@@ -429,6 +429,11 @@ struct Session<'a> {
     /// Transactions written while a snapshot runs that the last chunk's
     /// read still saw in progress (see [`crate::snapshot`]).
     emitted_xids: HashSet<u32>,
+    /// Transactions written before `emitted_xids` was kept may still be
+    /// hidden: those waiting for a synchronous standby at the first chunk
+    /// read since, until they finish (`None`: not known yet).
+    unverified: bool,
+    waiting_for: Option<Vec<u32>>,
     /// The tables each streamed transaction in progress touched.
     streamed_tables: HashMap<u32, HashSet<u32>>,
 }
@@ -471,6 +476,8 @@ impl<'a> Session<'a> {
             chunk: None,
             next_chunk_at: Instant::now(),
             emitted_xids: HashSet::new(),
+            unverified: true,
+            waiting_for: None,
             streamed_tables: HashMap::new(),
         }
     }
@@ -608,16 +615,30 @@ impl<'a> Session<'a> {
         if let Some(pk) = chunk.primary_key.take() {
             self.keys.set_primary_key(&chunk.relation, pk);
         }
-        let unsure = chunk.committed_in_progress
-            || chunk
-                .in_progress
-                .iter()
-                .any(|x| self.emitted_xids.contains(x));
+        let mut unsure = chunk
+            .in_progress
+            .iter()
+            .any(|x| self.emitted_xids.contains(x));
+        if self.unverified {
+            // a transaction written before is hidden only while it waits
+            // for a standby, and it has waited since before the first read
+            let mut w = self
+                .waiting_for
+                .take()
+                .unwrap_or_else(|| chunk.held.clone());
+            w.retain(|x| chunk.held.contains(x));
+            if w.is_empty() {
+                self.unverified = false;
+            } else {
+                unsure = true;
+                self.waiting_for = Some(w);
+            }
+        }
         // what the read saw committed, every later read sees
         self.emitted_xids.retain(|x| chunk.in_progress.contains(x));
         if unsure {
             self.stats.snapshot_rereads += 1;
-            tracing::debug!(table = %format!("{schema}.{table}"), "a transaction written before the chunk was not visible to it yet; reading the chunk again");
+            tracing::debug!(table = %format!("{schema}.{table}"), "a transaction written before the chunk may not be visible to it yet; reading the chunk again");
             self.next_chunk_at = Instant::now() + Duration::from_millis(200);
             return Ok(());
         }
@@ -683,6 +704,10 @@ impl<'a> Session<'a> {
         if cursor.tables.is_empty() {
             tracing::info!(rows = cursor.rows, "snapshot finished");
             self.snapshot = None;
+            // what is written from here on is not kept
+            self.emitted_xids.clear();
+            self.unverified = true;
+            self.waiting_for = None;
         }
     }
 
@@ -812,6 +837,10 @@ impl<'a> Session<'a> {
                 .live
                 .positions(None, stream.confirmed(), stream.server_wal_end());
             let committing = self.committing.is_some();
+            let chunk_later = self.snapshot.is_some()
+                && self.chunk.is_none()
+                && self.current.is_none()
+                && self.block.is_none();
             let event = tokio::select! {
                 // reading goes on while Kafka commits
                 r = async { self.committing.as_mut().expect("guarded").0.as_mut().await }, if committing => {
@@ -823,6 +852,8 @@ impl<'a> Session<'a> {
                     self.commit(producer).await?;
                     continue;
                 }
+                // a chunk to read again later, while the stream is idle
+                _ = tokio::time::sleep_until(self.next_chunk_at.into()), if chunk_later => continue,
                 _ = &mut *stop => {
                     // complete transactions are kept; a partial one comes again
                     self.finish(producer).await?;

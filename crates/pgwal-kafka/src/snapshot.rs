@@ -23,11 +23,16 @@
 //! between P and the watermark, and no transaction after the watermark is
 //! visible in S; so it is as S saw it unless a change the sink wrote
 //! *before* P is invisible in S. That happens when a transaction's commit
-//! is decoded before it becomes visible (a synchronous standby holds it).
-//! The chunk is then thrown away and read again later: it is checked two
-//! ways, against the transactions this sink wrote that S still sees in
-//! progress, and against those S sees in progress that `pg_xact_status`
-//! already calls committed.
+//! is decoded before it becomes visible: a synchronous standby has not
+//! confirmed it yet (the walsender of a logical slot does not wait for
+//! one). The chunk is then thrown away and read again later. Two checks
+//! find such a transaction: while a snapshot runs, the sink keeps the xids
+//! it wrote, and a chunk whose S sees one of them in progress is read
+//! again; for what it wrote before (a previous run, or before the snapshot
+//! began), only transactions waiting for a synchronous standby
+//! (`wait_event` `SyncRep` in `pg_stat_activity`; their `backend_xid` needs
+//! `pg_read_all_stats` to be seen) can be hidden, and chunks wait until the
+//! ones waiting at the first chunk have finished.
 //!
 //! A streamed transaction's changes reach Kafka at its commit; when one
 //! that touched the chunk's table commits inside the window, the chunk is
@@ -155,10 +160,10 @@ pub(crate) struct Chunk {
     /// Read again: a streamed transaction that touched the table committed
     /// in the window.
     pub abandoned: bool,
-    /// Transactions S saw in progress (low 32 bits), and whether one of
-    /// them was already committed (decoded before it became visible).
+    /// Transactions S saw in progress (low 32 bits), and those of them
+    /// waiting for a synchronous standby (committed, not yet visible).
     pub in_progress: Vec<u32>,
-    pub committed_in_progress: bool,
+    pub held: Vec<u32>,
     /// The table's primary key, when the key columns of its records are
     /// (a FULL table) and `KeyColumns` did not know it yet.
     pub primary_key: Option<Vec<String>>,
@@ -266,10 +271,12 @@ async fn read_chunk_in(
         .await?;
     // the first query takes S
     let mut in_progress = Vec::new();
-    let mut committed_in_progress = false;
+    let mut held = Vec::new();
     for r in sql
         .simple_query(
-            "SELECT x::text, pg_catalog.pg_xact_status(x) \
+            "SELECT x::text, EXISTS (SELECT FROM pg_catalog.pg_stat_activity a \
+                 WHERE a.wait_event = 'SyncRep' \
+                 AND a.backend_xid::text::int8 = x::text::int8 % 4294967296) \
              FROM pg_catalog.pg_snapshot_xip(pg_catalog.pg_current_snapshot()) AS x",
         )
         .await?
@@ -280,7 +287,9 @@ async fn read_chunk_in(
             .ok_or_else(|| bad("an in-progress xid that is not a number".into()))?;
         // pgoutput's xids are the low 32 bits
         in_progress.push(x as u32);
-        committed_in_progress |= r.get_index(1) == Some("committed");
+        if r.get_index(1) == Some("t") {
+            held.push(x as u32);
+        }
     }
     let pubs: Vec<&str> = publications.iter().map(String::as_str).collect();
     let published = pgwal::snapshot::published_tables(sql, &pubs).await?;
@@ -422,7 +431,7 @@ async fn read_chunk_in(
         last_key,
         abandoned: false,
         in_progress,
-        committed_in_progress,
+        held,
         primary_key,
     }))
 }
