@@ -14,6 +14,7 @@
 use std::error::Error as StdError;
 use std::process::ExitCode;
 
+use pgwal_kafka::snapshot::SnapshotError;
 use pgwal_kafka::SinkError;
 
 /// Usage or configuration (clap's status for usage errors too).
@@ -37,7 +38,10 @@ fn class(e: &(dyn StdError + 'static)) -> u8 {
     if let Some(e) = e.downcast_ref::<SinkError>() {
         return match e {
             SinkError::Postgres(e) => postgres(e),
-            SinkError::KafkaRefused(_) | SinkError::TwoPhase => CONFIG,
+            SinkError::KafkaRefused(_)
+            | SinkError::TwoPhase
+            | SinkError::SnapshotUnsupported { .. } => CONFIG,
+            SinkError::Snapshot(SnapshotError::Postgres(e)) => postgres(e),
             SinkError::Kafka { .. } | SinkError::KafkaNeverConnected { .. } => RETRIES,
             SinkError::Format(_) | SinkError::BadRecord { .. } => UNWRITABLE,
             _ => 1,

@@ -2138,10 +2138,29 @@ fn snapshot_behind_a_held_commit(
         std::thread::sleep(Duration::from_millis(200));
     }
     phase("the snapshot waited");
-    // the standby "confirms": the commit becomes visible
+    // a second commit the standby holds, written while the snapshot runs:
+    // its row must be left out of the chunk, and the snapshot go on
+    let held_too = c.psql_in_background(format!(
+        "SET synchronous_commit = on; SET application_name = 'held_too'; \
+         UPDATE {table} SET ver = 3 WHERE id = 7;"
+    ));
+    let t0 = Instant::now();
+    while !read_all(addr, &[&topic(&table)], "read_committed")
+        .iter()
+        .any(|r| r.key.as_deref() == Some(br#"{"id":7}"#.as_slice()))
+    {
+        sink.assert_running(label);
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{label}: the second held commit did not reach Kafka in 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    phase("a second held commit is in Kafka");
+    // the standby "confirms" the first: it becomes visible
     c.psql(
-        "ALTER SYSTEM RESET synchronous_standby_names; SELECT pg_reload_conf();
-         SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep';",
+        "SELECT pg_cancel_backend(pid) FROM pg_stat_activity \
+         WHERE wait_event = 'SyncRep' AND application_name <> 'held_too';",
     );
     held.join().unwrap();
     let t0 = Instant::now();
@@ -2154,7 +2173,34 @@ fn snapshot_behind_a_held_commit(
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    phase("the snapshot ended");
+    phase("the snapshot ended, the second commit still held");
+    c.psql(
+        "ALTER SYSTEM RESET synchronous_standby_names; SELECT pg_reload_conf();
+         SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep';",
+    );
+    held_too.join().unwrap();
+    // a table without a key is left out, and the sink goes on
+    c.psql(&format!(
+        "CREATE TABLE nokey_{label} (v int); INSERT INTO nokey_{label} VALUES (1);
+         ALTER PUBLICATION p ADD TABLE nokey_{label};
+         SELECT pg_logical_emit_message(true, 'pgwal.snapshot', '{{\"tables\": [\"public.nokey_{label}\"]}}');"
+    ));
+    let t0 = Instant::now();
+    while !sink.log().contains("left out of the snapshot") {
+        sink.assert_running(label);
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{label}: a table without a key was not left out in 60 s:\n{}",
+            sink.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        sink.log()
+            .contains(&format!("public.nokey_{label} cannot be snapshotted")),
+        "{label}: the error does not name the table:\n{}",
+        sink.log()
+    );
     let (ok, log) = sink.terminate();
     assert!(ok, "{label}: pgwal failed on SIGTERM:\n{log}");
     phase("pgwal stopped");
@@ -2166,6 +2212,19 @@ fn snapshot_behind_a_held_commit(
         copy[r#"{"id":5}"#]["ver"], 2,
         "{label}: the row's state from before the hidden commit was written after it"
     );
+    assert_eq!(
+        copy[r#"{"id":7}"#]["ver"], 3,
+        "{label}: the row of the commit held while the snapshot ran was read in its older state"
+    );
+    let reads = records
+        .iter()
+        .filter(|r| {
+            r.value
+                .as_deref()
+                .is_some_and(|v| serde_json::from_slice::<Value>(v).unwrap()["op"] == "r")
+        })
+        .count();
+    assert_eq!(reads, 999, "{label}: every row but the held one read once");
     let rereads = chunks_read_again(&log);
     assert!(rereads > 0, "{label}: no chunk was read again:\n{log}");
     rereads

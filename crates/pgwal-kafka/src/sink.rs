@@ -426,10 +426,12 @@ struct Session<'a> {
     /// The chunk waiting for its watermark, and when the next may be read.
     chunk: Option<Chunk>,
     next_chunk_at: Instant,
-    /// Transactions written while a snapshot runs that the last chunk's
-    /// read still saw in progress (see [`crate::snapshot`]).
-    emitted_xids: HashSet<u32>,
-    /// Transactions written before `emitted_xids` was kept may still be
+    /// Transactions written while a snapshot runs, with the rows they
+    /// changed, as long as a chunk's read may still see them in progress
+    /// (see [`crate::snapshot`]); and the current transaction's rows.
+    written_rows: HashMap<u32, WrittenRows>,
+    current_rows: WrittenRows,
+    /// Transactions written before `written_rows` was kept may still be
     /// hidden: those waiting for a synchronous standby at the first chunk
     /// read since, until they finish (`None`: not known yet).
     unverified: bool,
@@ -475,7 +477,8 @@ impl<'a> Session<'a> {
             snapshot_committed: None,
             chunk: None,
             next_chunk_at: Instant::now(),
-            emitted_xids: HashSet::new(),
+            written_rows: HashMap::new(),
+            current_rows: WrittenRows::default(),
             unverified: true,
             waiting_for: None,
             streamed_tables: HashMap::new(),
@@ -605,6 +608,12 @@ impl<'a> Session<'a> {
                 self.next_chunk_at = Instant::now() + Duration::from_secs(1);
                 return Ok(());
             }
+            Err(e @ SnapshotError::NoKey { .. }) => {
+                // fatal, it would stop every restart too: the cursor names it
+                tracing::error!(error = %e, "left out of the snapshot; signal it again once it has a key");
+                self.table_done();
+                return Ok(());
+            }
             Err(e) => {
                 self.catalog = None;
                 return Err(Failure::Other(e.into()));
@@ -615,10 +624,18 @@ impl<'a> Session<'a> {
         if let Some(pk) = chunk.primary_key.take() {
             self.keys.set_primary_key(&chunk.relation, pk);
         }
-        let mut unsure = chunk
-            .in_progress
-            .iter()
-            .any(|x| self.emitted_xids.contains(x));
+        // rows the stream already carried from transactions the read did
+        // not see: their newer state is in Kafka, the chunk's is older
+        let oid = chunk.relation.oid;
+        let mut unsure = false;
+        for (xid, w) in &self.written_rows {
+            if chunk.invisible(*xid) {
+                unsure |= w.unkeyed.contains(&oid);
+                for (_, k) in w.keys.iter().filter(|(o, _)| *o == oid) {
+                    chunk.changed(k);
+                }
+            }
+        }
         if self.unverified {
             // a transaction written before is hidden only while it waits
             // for a standby, and it has waited since before the first read
@@ -635,7 +652,7 @@ impl<'a> Session<'a> {
             }
         }
         // what the read saw committed, every later read sees
-        self.emitted_xids.retain(|x| chunk.in_progress.contains(x));
+        self.written_rows.retain(|x, _| chunk.invisible(*x));
         if unsure {
             self.stats.snapshot_rereads += 1;
             tracing::debug!(table = %format!("{schema}.{table}"), "a transaction written before the chunk may not be visible to it yet; reading the chunk again");
@@ -705,7 +722,7 @@ impl<'a> Session<'a> {
             tracing::info!(rows = cursor.rows, "snapshot finished");
             self.snapshot = None;
             // what is written from here on is not kept
-            self.emitted_xids.clear();
+            self.written_rows.clear();
             self.unverified = true;
             self.waiting_for = None;
         }
@@ -883,6 +900,7 @@ impl<'a> Session<'a> {
     ) -> Result<(), Failure> {
         match &event {
             Event::Begin(b) => {
+                self.current_rows = WrittenRows::default();
                 self.skip_current = b.final_lsn < self.written;
                 self.current = Some(TxInfo::new(b.xid, b.final_lsn, b.commit_time));
                 self.order = TxOrder::new();
@@ -906,8 +924,9 @@ impl<'a> Session<'a> {
             }
             Event::Commit(c) => {
                 let xid = self.current.take().map(|t| t.xid);
-                if let (Some(xid), true) = (xid, self.snapshot.is_some()) {
-                    self.emitted_xids.insert(xid);
+                let rows = std::mem::take(&mut self.current_rows);
+                if let (Some(xid), false) = (xid, rows.is_empty()) {
+                    self.written_rows.insert(xid, rows);
                 }
                 if std::mem::take(&mut self.skip_current) {
                     self.stats.skipped += 1;
@@ -953,9 +972,6 @@ impl<'a> Session<'a> {
                 let spill = self.streamed.remove(&c.xid).unwrap_or_else(Spill::new);
                 self.streamed_bytes -= spill.memory_bytes();
                 let touched = self.streamed_tables.remove(&c.xid).unwrap_or_default();
-                if self.snapshot.is_some() {
-                    self.emitted_xids.insert(c.xid);
-                }
                 if c.commit_lsn < self.written {
                     self.stats.skipped += 1;
                     stream.ack(c.end_lsn);
@@ -967,6 +983,15 @@ impl<'a> Session<'a> {
                     if touched.contains(&chunk.relation.oid) {
                         chunk.abandoned = true;
                     }
+                }
+                if self.snapshot.is_some() && !touched.is_empty() {
+                    self.written_rows.insert(
+                        c.xid,
+                        WrittenRows {
+                            keys: Vec::new(),
+                            unkeyed: touched,
+                        },
+                    );
                 }
                 let tx = TxInfo::new(c.xid, c.commit_lsn, c.commit_time);
                 let mut order = TxOrder::new();
@@ -1110,6 +1135,9 @@ impl<'a> Session<'a> {
         };
         if let Some(chunk) = self.chunk.as_mut() {
             in_window(chunk, event, &self.keys);
+        }
+        if self.snapshot.is_some() {
+            self.current_rows.add(event, &self.keys);
         }
         let encoded = encode(
             &self.sink.format,
@@ -1341,5 +1369,37 @@ fn in_window(chunk: &mut Chunk, event: &Event, keys: &KeyColumns) {
             chunk.truncated()
         }
         _ => {}
+    }
+}
+
+/// The rows one transaction changed, by table oid and key (pgwal's key
+/// JSON), and the tables it changed without keys kept (truncates, streamed
+/// transactions).
+#[derive(Debug, Default)]
+struct WrittenRows {
+    keys: Vec<(u32, Vec<u8>)>,
+    unkeyed: HashSet<u32>,
+}
+
+impl WrittenRows {
+    fn add(&mut self, event: &Event, keys: &KeyColumns) {
+        match event {
+            Event::Insert(c) | Event::Update(c) | Event::Delete(c) => {
+                for row in [&c.old, &c.new].into_iter().flatten() {
+                    match snapshot::row_key(row, keys) {
+                        Some(k) => self.keys.push((c.relation.oid, k)),
+                        None => {
+                            self.unkeyed.insert(c.relation.oid);
+                        }
+                    }
+                }
+            }
+            Event::Truncate(t) => self.unkeyed.extend(t.relations.iter().map(|r| r.oid)),
+            _ => {}
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.keys.is_empty() && self.unkeyed.is_empty()
     }
 }

@@ -25,11 +25,13 @@
 //! *before* P is invisible in S. That happens when a transaction's commit
 //! is decoded before it becomes visible: a synchronous standby has not
 //! confirmed it yet (the walsender of a logical slot does not wait for
-//! one). The chunk is then thrown away and read again later. Two checks
-//! find such a transaction: while a snapshot runs, the sink keeps the xids
-//! it wrote, and a chunk whose S sees one of them in progress is read
-//! again; for what it wrote before (a previous run, or before the snapshot
-//! began), only transactions waiting for a synchronous standby
+//! one). While a snapshot runs, the sink keeps the rows each transaction
+//! it wrote changed, until a read sees that transaction committed; a chunk
+//! whose S sees one of them in progress leaves those rows out (the stream
+//! already carried their newer state), and is read again only when such a
+//! transaction changed the table without keys kept (a truncate, a streamed
+//! transaction). For what it wrote before (a previous run, or before the
+//! snapshot began), only transactions waiting for a synchronous standby
 //! (`wait_event` `SyncRep` in `pg_stat_activity`; their `backend_xid` needs
 //! `pg_read_all_stats` to be seen) can be hidden, and chunks wait until the
 //! ones waiting at the first chunk have finished.
@@ -45,7 +47,7 @@
 //! message with prefix [`SIGNAL_PREFIX`] and content `{"tables": ["schema.table", ...]}`,
 //! which comes through the stream in commit order, exactly once.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -160,9 +162,12 @@ pub(crate) struct Chunk {
     /// Read again: a streamed transaction that touched the table committed
     /// in the window.
     pub abandoned: bool,
-    /// Transactions S saw in progress (low 32 bits), and those of them
-    /// waiting for a synchronous standby (committed, not yet visible).
-    pub in_progress: Vec<u32>,
+    /// What S does not see: the transactions it lists in progress, and
+    /// every xid from its xmax on (low 32 bits, as pgoutput's).
+    pub in_progress: HashSet<u32>,
+    pub xmax: u32,
+    /// Transactions waiting for a synchronous standby when S was taken
+    /// (committed, not yet visible).
     pub held: Vec<u32>,
     /// The table's primary key, when the key columns of its records are
     /// (a FULL table) and `KeyColumns` did not know it yet.
@@ -170,6 +175,11 @@ pub(crate) struct Chunk {
 }
 
 impl Chunk {
+    /// Whether S does not see transaction `xid`.
+    pub fn invisible(&self, xid: u32) -> bool {
+        invisible(&self.in_progress, self.xmax, xid)
+    }
+
     /// Removes the row with this key (pgwal's key JSON) from the chunk.
     pub fn changed(&mut self, key: &[u8]) {
         if let Some(i) = self.index.remove(key) {
@@ -182,6 +192,12 @@ impl Chunk {
         self.index.clear();
         self.rows.iter_mut().for_each(|r| *r = None);
     }
+}
+
+/// Whether a snapshot with these in-progress xids and this xmax does not
+/// see `xid` (xids compare modulo 2^32, as TransactionIdFollowsOrEquals).
+fn invisible(in_progress: &HashSet<u32>, xmax: u32, xid: u32) -> bool {
+    in_progress.contains(&xid) || (xid.wrapping_sub(xmax) as i32) >= 0
 }
 
 /// The key of `row` as the chunk indexes it: its record key columns in
@@ -269,28 +285,32 @@ async fn read_chunk_in(
     // the watermark needs no synchronous standby: it is only a position
     sql.simple_query("SET LOCAL synchronous_commit = local")
         .await?;
-    // the first query takes S
-    let mut in_progress = Vec::new();
-    let mut held = Vec::new();
-    for r in sql
+    // the first query takes S; an xid at or past its xmax is not listed
+    // in progress, and not seen either
+    let r = sql
         .simple_query(
-            "SELECT x::text, EXISTS (SELECT FROM pg_catalog.pg_stat_activity a \
-                 WHERE a.wait_event = 'SyncRep' \
-                 AND a.backend_xid::text::int8 = x::text::int8 % 4294967296) \
-             FROM pg_catalog.pg_snapshot_xip(pg_catalog.pg_current_snapshot()) AS x",
+            "SELECT pg_catalog.pg_snapshot_xmax(s)::text, \
+                    (SELECT pg_catalog.string_agg(x::text, ',') FROM pg_catalog.pg_snapshot_xip(s) x), \
+                    (SELECT pg_catalog.string_agg(a.backend_xid::text, ',') \
+                     FROM pg_catalog.pg_stat_activity a \
+                     WHERE a.wait_event = 'SyncRep' AND a.backend_xid IS NOT NULL) \
+             FROM (SELECT pg_catalog.pg_current_snapshot() AS s) q",
         )
-        .await?
-    {
-        let x: u64 = r
-            .get_index(0)
-            .and_then(|x| x.parse().ok())
-            .ok_or_else(|| bad("an in-progress xid that is not a number".into()))?;
-        // pgoutput's xids are the low 32 bits
-        in_progress.push(x as u32);
-        if r.get_index(1) == Some("t") {
-            held.push(x as u32);
-        }
-    }
+        .await?;
+    let r = r.first().ok_or_else(|| bad("no snapshot".into()))?;
+    // pgoutput's xids are the low 32 bits of the xid8s
+    let xids = |i: usize| -> Result<Vec<u32>, SnapshotError> {
+        r.get_index(i)
+            .unwrap_or_default()
+            .split(',')
+            .filter(|x| !x.is_empty())
+            .map(|x| x.parse::<u64>().map(|x| x as u32))
+            .collect::<Result<_, _>>()
+            .map_err(|_| bad("an xid that is not a number".into()))
+    };
+    let xmax = *xids(0)?.first().ok_or_else(|| bad("no xmax".into()))?;
+    let in_progress: HashSet<u32> = xids(1)?.into_iter().collect();
+    let held = xids(2)?;
     let pubs: Vec<&str> = publications.iter().map(String::as_str).collect();
     let published = pgwal::snapshot::published_tables(sql, &pubs).await?;
     let Some(p) = published
@@ -431,6 +451,7 @@ async fn read_chunk_in(
         last_key,
         abandoned: false,
         in_progress,
+        xmax,
         held,
         primary_key,
     }))
@@ -542,6 +563,19 @@ mod tests {
         );
         c.add([("public".into(), "b".into()), ("x".into(), "y".into())]);
         assert_eq!(c.tables.len(), 4);
+    }
+
+    #[test]
+    fn what_a_snapshot_does_not_see() {
+        let ip: HashSet<u32> = [90].into_iter().collect();
+        assert!(invisible(&ip, 100, 90));
+        assert!(!invisible(&ip, 100, 91));
+        // at and past xmax: not listed, not seen
+        assert!(invisible(&ip, 100, 100));
+        assert!(invisible(&ip, 100, 150));
+        // across the wraparound
+        assert!(invisible(&ip, u32::MAX - 5, 3));
+        assert!(!invisible(&ip, 3, u32::MAX - 5));
     }
 
     #[test]
