@@ -10,6 +10,7 @@ mod receive_cmd;
 mod signals;
 mod slot_cmd;
 mod slot_watch;
+mod snapshot_cmd;
 mod stream_cmd;
 
 use std::process::ExitCode;
@@ -55,6 +56,18 @@ enum Command {
     /// Manage logical replication slots.
     #[command(subcommand)]
     Slot(SlotCommand),
+    /// Ask `pgwal stream --sink kafka` on this database to snapshot tables
+    /// while it streams: sends the signal (a transactional logical message)
+    /// and prints its position as JSON. The sink writes the tables' rows as
+    /// read records, exactly once, once the stream reaches the signal.
+    Snapshot(SnapshotArgs),
+}
+
+#[derive(Args, Debug)]
+struct SnapshotArgs {
+    /// A published table, schema.table (repeatable).
+    #[arg(long = "table", value_name = "TABLE", required = true)]
+    tables: Vec<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -161,6 +174,7 @@ fn main() -> ExitCode {
             }
             Command::Slot(SlotCommand::Drop(a)) => slot_cmd::drop(config, &a.name, a.wait).await,
             Command::Slot(SlotCommand::List(a)) => slot_cmd::list(config, a.format).await,
+            Command::Snapshot(a) => snapshot_cmd::run(config, &a.tables).await,
         };
         r.map_err(Into::into)
     });

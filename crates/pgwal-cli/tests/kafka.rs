@@ -1924,14 +1924,20 @@ fn kafka_sink_snapshot_while_written_and_killed() {
             std::thread::sleep(Duration::from_millis(200));
         }
         phase("initial snapshot done");
-        // a signal snapshots the FULL table again, still under load
-        let signal: Lsn = c
-            .query(&format!(
-                "SELECT pg_logical_emit_message(true, 'pgwal.snapshot', \
-                 '{{\"tables\": [\"public.full_{label}\"]}}')"
-            ))
-            .parse()
+        // a signal (`pgwal snapshot`) snapshots the FULL table again, still
+        // under load
+        let out = Command::new(env!("CARGO_BIN_EXE_pgwal"))
+            .arg("-d")
+            .arg(format!("{} sslmode=disable", c.conninfo("postgres")))
+            .args(["snapshot", "--table", &format!("public.full_{label}")])
+            .output()
             .unwrap();
+        assert!(
+            out.status.success(),
+            "{label}: pgwal snapshot failed: {out:?}"
+        );
+        let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let signal: Lsn = printed["lsn"].as_str().unwrap().parse().unwrap();
         let t0 = Instant::now();
         loop {
             let p = kafka_progress_value(&b.addr).unwrap();

@@ -134,6 +134,23 @@ pub enum SnapshotError {
     },
 }
 
+/// The SQL that signals a snapshot of `tables` (`schema.table`) to a sink
+/// streaming from this database: a transactional logical message, which
+/// reaches the sink in commit order with the changes.
+///
+/// ```
+/// let sql = pgwal_kafka::snapshot::signal_sql(&["public.orders".to_owned()]);
+/// assert_eq!(sql, r#"SELECT pg_catalog.pg_logical_emit_message(true, 'pgwal.snapshot', '{"tables":["public.orders"]}')"#);
+/// ```
+pub fn signal_sql(tables: &[String]) -> String {
+    let content = serde_json::json!({ "tables": tables }).to_string();
+    format!(
+        "SELECT pg_catalog.pg_logical_emit_message(true, {}, {})",
+        quote_literal(SIGNAL_PREFIX),
+        quote_literal(&content)
+    )
+}
+
 /// The signal's content: which tables to snapshot.
 pub fn parse_signal(content: &[u8]) -> Result<Vec<String>, String> {
     #[derive(Deserialize)]
