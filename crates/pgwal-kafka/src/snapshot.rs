@@ -55,7 +55,7 @@ use bytes::Bytes;
 use pgwal::protocol::pgoutput::{
     ColumnValue, Relation, RelationColumn, ReplicaIdentity, TupleData,
 };
-use pgwal::{ReplicationClient, Row};
+use pgwal::{quote_ident, quote_literal, ReplicationClient, Row};
 use serde::{Deserialize, Serialize};
 
 use crate::format::{key_names, key_object, Format};
@@ -222,14 +222,6 @@ fn invisible(in_progress: &HashSet<u32>, xmax: u32, xid: u32) -> bool {
 pub(crate) fn row_key(row: &Row, keys: &KeyColumns) -> Option<Vec<u8>> {
     let k = key_object(&Format::Pgwal, row, keys.for_relation(row.relation())).ok()??;
     Some(serde_json::to_vec(&k).expect("JSON serializes"))
-}
-
-fn quote_ident(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
-}
-
-fn quote_literal(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
 }
 
 /// A fresh watermark id: process, time and a counter.

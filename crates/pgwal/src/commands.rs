@@ -148,12 +148,21 @@ pub(crate) fn validate_slot_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// Quotes a string literal for SQL and replication commands.
-pub(crate) fn quote_literal(s: &str) -> String {
+/// Quotes a string literal for SQL and replication commands
+/// (`standard_conforming_strings` on, as every supported server has it).
+///
+/// ```
+/// assert_eq!(pgwal::quote_literal("it's"), "'it''s'");
+/// ```
+pub fn quote_literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
 
 /// Quotes an identifier.
-pub(crate) fn quote_ident(s: &str) -> String {
+///
+/// ```
+/// assert_eq!(pgwal::quote_ident("My \"t\""), "\"My \"\"t\"\"\"");
+/// ```
+pub fn quote_ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
 }

@@ -61,8 +61,8 @@ mod worker;
 
 pub use client::{ReplicationClient, SimpleRow};
 pub use commands::{
-    CreateSlotOptions, IdentifySystem, NextTimeline, SlotHealth, SlotInfo, SlotSnapshot,
-    TimelineHistory,
+    quote_ident, quote_literal, CreateSlotOptions, IdentifySystem, NextTimeline, SlotHealth,
+    SlotInfo, SlotSnapshot, TimelineHistory,
 };
 pub use config::{ChannelBinding, Config, SslMode, TargetSessionAttrs};
 pub use error::{DbError, Error, Result};
