@@ -1694,9 +1694,16 @@ fn kafka_sink_json_schemas_follow_schema_changes() {
 }
 
 /// The last committed progress record of the stream, whole.
-fn kafka_progress_value(addr: &str) -> Option<Value> {
+/// The last committed progress record of `c`'s sink (slot `kslot`).  Keyed:
+/// servers tested one after another share the broker, and until this one's
+/// sink commits, the topic's last record is the previous server's.
+fn kafka_progress_value(addr: &str, c: &Cluster) -> Option<Value> {
+    let system = c.query("SELECT system_identifier FROM pg_control_system()");
+    let key = pgwal_kafka::progress::key(&system, "kslot");
     read_all(addr, &[PROGRESS], "read_committed")
-        .last()
+        .iter()
+        .rev()
+        .find(|r| r.key.as_deref() == Some(key.as_bytes()))
         .map(|r| serde_json::from_slice(r.value.as_deref().unwrap()).unwrap())
 }
 
@@ -1882,7 +1889,7 @@ fn kafka_sink_snapshot_while_written_and_killed() {
         for at_rows in [4_000, 16_000, 28_000] {
             let t0 = Instant::now();
             let rows = loop {
-                let p = kafka_progress_value(&b.addr);
+                let p = kafka_progress_value(&b.addr, &c);
                 let rows = p.as_ref().map(|p| p["snapshot"]["rows"].as_u64());
                 match rows {
                     Some(Some(r)) if r >= at_rows => break Some(r),
@@ -1914,7 +1921,7 @@ fn kafka_sink_snapshot_while_written_and_killed() {
         );
         // the snapshot ends
         let t0 = Instant::now();
-        while kafka_progress_value(&b.addr).is_some_and(|p| p.get("snapshot").is_some()) {
+        while kafka_progress_value(&b.addr, &c).is_some_and(|p| p.get("snapshot").is_some()) {
             sink.assert_running(label);
             assert!(
                 t0.elapsed() < Duration::from_secs(120),
@@ -1940,7 +1947,7 @@ fn kafka_sink_snapshot_while_written_and_killed() {
         let signal: Lsn = printed["lsn"].as_str().unwrap().parse().unwrap();
         let t0 = Instant::now();
         loop {
-            let p = kafka_progress_value(&b.addr).unwrap();
+            let p = kafka_progress_value(&b.addr, &c).unwrap();
             let end: Lsn = p["end_lsn"].as_str().unwrap().parse().unwrap();
             if end > signal && p.get("snapshot").is_none() {
                 break;
@@ -2124,7 +2131,7 @@ fn snapshot_behind_a_held_commit(
     // the snapshot cannot move while the update is hidden
     let t0 = Instant::now();
     loop {
-        let p = kafka_progress_value(addr).unwrap();
+        let p = kafka_progress_value(addr, c).unwrap();
         let end: Lsn = p["end_lsn"].as_str().unwrap().parse().unwrap();
         if end > signal {
             assert_eq!(
@@ -2170,7 +2177,7 @@ fn snapshot_behind_a_held_commit(
     );
     held.join().unwrap();
     let t0 = Instant::now();
-    while kafka_progress_value(addr).is_some_and(|p| p.get("snapshot").is_some()) {
+    while kafka_progress_value(addr, c).is_some_and(|p| p.get("snapshot").is_some()) {
         sink.assert_running(label);
         assert!(
             t0.elapsed() < Duration::from_secs(60),
