@@ -136,13 +136,14 @@ kafka_exe=$(cargo test "${packages[@]}" --no-run 2>&1 |
 [ -n "$kafka_exe" ] || { echo "test.sh: the Kafka test binary was not built" >&2; exit 1; }
 kafka_log=$(mktemp)
 # one at a time (they take turns with one broker anyway), each with its time
+# and its phases (--nocapture: where CI's time goes, also when they pass)
 run_kafka_tests() {
 	local t rc=0 t0 tests
 	tests=$("$here/$kafka_exe" --list 2>/dev/null | sed -n 's/: test$//p')
 	[ -n "$tests" ] || { echo "test.sh: the Kafka test binary lists no tests"; return 1; }
 	for t in $tests; do
 		t0=$SECONDS
-		"$here/$kafka_exe" --exact "$t" || rc=1
+		"$here/$kafka_exe" --exact "$t" --nocapture || rc=1
 		echo "test.sh: $t took $((SECONDS - t0)) s"
 	done
 	return $rc
