@@ -154,6 +154,35 @@ impl LogicalStream {
         Lsn(self.shared.server_end.load(Ordering::Relaxed))
     }
 
+    /// Asks the server where its WAL is now: the stream sends a status
+    /// update requesting a reply, and the server's keepalive in answer is
+    /// delivered as an [`Event::Heartbeat`](crate::Event::Heartbeat) once
+    /// no transaction is open in the stream, whether or not heartbeats are
+    /// configured and however recently one was delivered. Its `wal_end`
+    /// is how far the server has sent: every transaction that committed
+    /// before it has been delivered. Requests made before the answer
+    /// arrives are answered together; one made across a reconnect may go
+    /// unanswered, so a consumer that waits for an answer asks again on a
+    /// timer.
+    ///
+    /// ```no_run
+    /// # async fn f(mut stream: pgwal::LogicalStream, target: pgwal::Lsn) -> pgwal::Result<()> {
+    /// use futures_util::StreamExt;
+    /// stream.request_position();
+    /// while let Some(event) = stream.next().await {
+    ///     if let pgwal::Event::Heartbeat { wal_end } = event? {
+    ///         if wal_end >= target {
+    ///             break; // everything committed before `target` was delivered
+    ///         }
+    ///         stream.request_position();
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn request_position(&self) {
+        self.shared.position_request.notify_one();
+    }
+
     /// Sends final feedback, ends replication cleanly and waits for the
     /// connection task.
     pub async fn shutdown(mut self) -> Result<()> {

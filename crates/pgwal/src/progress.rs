@@ -27,6 +27,10 @@ pub(crate) struct Shared {
     pub(crate) delivered: AtomicU64,
     /// The server's system identifier, once a state file needed it.
     pub(crate) system_id: std::sync::OnceLock<String>,
+    /// [`LogicalStream::request_position`](crate::LogicalStream::request_position)
+    /// asked for the server's position (a stored permit until the
+    /// connection task takes it).
+    pub(crate) position_request: tokio::sync::Notify,
 }
 
 impl Shared {

@@ -174,6 +174,9 @@ struct Session {
     slot: String,
     /// When this session last delivered an `Event::Heartbeat`.
     last_heartbeat: Option<tokio::time::Instant>,
+    /// The consumer asked for the server's position: the next keepalive
+    /// that comes between transactions is delivered as a heartbeat.
+    position_wanted: bool,
 }
 
 impl Session {
@@ -228,8 +231,14 @@ impl Session {
     /// it), the WAL moved past what was delivered and acknowledged, and the
     /// last one is at least `every` old.
     fn heartbeat(&mut self, wal_end: Lsn, every: Option<Duration>) -> Option<Event> {
-        let every = every?;
         let d = &self.delivery;
+        if self.position_wanted && !d.in_txn && d.open_streams.is_empty() {
+            // an answer, even if it tells nothing new
+            self.position_wanted = false;
+            self.last_heartbeat = Some(tokio::time::Instant::now());
+            return Some(Event::Heartbeat { wal_end });
+        }
+        let every = every?;
         let done = d
             .last_ack_point
             .max(Lsn(self.shared.acked.load(Ordering::SeqCst)));
@@ -396,6 +405,7 @@ impl Worker {
             slot: self.stream.slot.clone(),
             idle_advance: self.stream.idle_advance,
             last_heartbeat: None,
+            position_wanted: false,
         };
         let mut decoder = Decoder::new();
         let batch = self.stream.buffer.clamp(1, MAX_BATCH);
@@ -427,6 +437,12 @@ impl Worker {
                 // With a stop position, ask for a keepalive on every tick so
                 // an idle server still tells us its WAL passed it.
                 _ = tick.tick() => s.send_status(stop.is_some()).await?,
+                // the server answers a status update that asks for a reply
+                // with a keepalive carrying its position
+                _ = self.shared.position_request.notified() => {
+                    s.position_wanted = true;
+                    s.send_status(true).await?;
+                }
                 permit = self.tx.reserve(), if !pending.is_empty() => {
                     let Ok(permit) = permit else {
                         finish(&mut s, &mut reader).await;

@@ -810,3 +810,122 @@ fn receive_timeout_keeps_an_idle_stream_and_ends_a_silent_one() {
         s.shutdown().await.unwrap();
     });
 }
+
+/// `request_position` without heartbeats configured: no heartbeat comes
+/// unasked; asked on an idle server, the answer reaches the server's WAL
+/// end; asked under load, answers come only between transactions, and no
+/// transaction committing before an answer's `wal_end` is delivered after
+/// it.
+#[test]
+fn requested_positions_come_between_transactions() {
+    for (label, bin) in support::servers() {
+        let c = Cluster::start(label, &bin, Options::default());
+        c.psql(SETUP);
+        block_on(async {
+            make_slot(&c, "s").await;
+            c.psql("INSERT INTO t VALUES (-1, 'first');");
+            let cfg = fast(StreamConfig::new("s", ["p"])).idle_advance(false);
+            let mut s = LogicalStream::start(config(&c, "postgres"), cfg)
+                .await
+                .unwrap();
+            let (_, commit, _) = next_txn(&mut s).await;
+            s.ack(commit.ack_lsn().unwrap());
+            // unasked: nothing (the status updates every 100 ms draw
+            // keepalives, none of which becomes an event)
+            c.psql("INSERT INTO other (pad) VALUES ('unpublished');");
+            while let Ok(e) = tokio::time::timeout(Duration::from_secs(1), next(&mut s)).await {
+                assert!(
+                    !matches!(e, Event::Heartbeat { .. }),
+                    "{label}: a heartbeat nobody asked for"
+                );
+            }
+            // asked on an idle server: the answer reaches its flushed WAL
+            let target: Lsn = c
+                .query("SELECT pg_current_wal_flush_lsn()")
+                .parse()
+                .unwrap();
+            let t0 = Instant::now();
+            let mut answers = 0;
+            loop {
+                s.request_position();
+                match tokio::time::timeout(Duration::from_millis(500), next(&mut s)).await {
+                    Ok(Event::Heartbeat { wal_end }) => {
+                        answers += 1;
+                        if wal_end >= target {
+                            break;
+                        }
+                    }
+                    Ok(e) => panic!("{label}: {e:?} on an idle server"),
+                    Err(_) => {}
+                }
+                assert!(
+                    t0.elapsed() < Duration::from_secs(20),
+                    "{label}: no answer reached {target} in 20 s ({answers} answers)"
+                );
+            }
+            eprintln!(
+                "{label}: idle: {answers} answer(s), the last past {target}, after {:?}",
+                t0.elapsed()
+            );
+            // asked under load, at every transaction's begin
+            let load = {
+                let mut psql = c.psql_command();
+                psql.args(["-f", "-"]).stdout(std::process::Stdio::null());
+                std::thread::spawn(move || {
+                    // bounded: 40 rounds
+                    for r in 0..40 {
+                        let sql = format!(
+                            "INSERT INTO t VALUES ({r}, 'r');\n\
+                             BEGIN; INSERT INTO other (pad) VALUES ('y'); UPDATE t SET v = 'u' WHERE id = {r}; COMMIT;\n"
+                        );
+                        assert!(support::feed(&mut psql, &sql).status.success());
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                })
+            };
+            let (mut in_txn, mut last_answer) = (false, Lsn::INVALID);
+            let (mut answers, mut commits) = (0, 0);
+            let t0 = Instant::now();
+            let deadline = t0 + Duration::from_secs(120);
+            while commits < 80 {
+                assert!(
+                    Instant::now() < deadline,
+                    "{label}: {commits} of 80 commits in 120 s"
+                );
+                let e = next(&mut s).await;
+                match &e {
+                    Event::Begin(b) => {
+                        // asked inside the transaction: answered after it
+                        s.request_position();
+                        assert!(
+                            b.final_lsn >= last_answer,
+                            "{label}: a transaction committing at {} after an answer at {last_answer}",
+                            b.final_lsn
+                        );
+                        in_txn = true;
+                    }
+                    Event::Commit(_) => {
+                        in_txn = false;
+                        commits += 1;
+                    }
+                    Event::Heartbeat { wal_end } => {
+                        assert!(!in_txn, "{label}: an answer inside a transaction");
+                        last_answer = last_answer.max(*wal_end);
+                        answers += 1;
+                    }
+                    _ => {}
+                }
+                if let Some(l) = e.ack_lsn() {
+                    s.ack(l);
+                }
+            }
+            load.join().unwrap();
+            assert!(answers > 0, "{label}: no answer in {commits} commits");
+            eprintln!(
+                "{label}: under load: {answers} answers between {commits} transactions in {:?}",
+                t0.elapsed()
+            );
+            s.shutdown().await.unwrap();
+        });
+    }
+}
