@@ -152,6 +152,11 @@ pub(crate) struct KafkaArgs {
     /// which otherwise start a snapshot of those tables while streaming).
     #[arg(long = "kafka-no-snapshot-signals")]
     no_snapshot_signals: bool,
+    /// Snapshot chunks write nothing to the source (no watermark
+    /// messages): each chunk ends where the stream passes the WAL position
+    /// read with it. Always so on a hot standby.
+    #[arg(long = "kafka-snapshot-read-only")]
+    snapshot_read_only: bool,
     /// A librdkafka setting, KEY=VALUE (repeatable): security.protocol,
     /// sasl.*, ssl.*, compression.type, ...
     #[arg(long = "kafka-option", value_name = "KEY=VALUE", value_parser = parse_option)]
@@ -263,6 +268,7 @@ pub(crate) async fn run(
     sink.initial_snapshot = initial_snapshot;
     sink.snapshot_signals = !a.no_snapshot_signals;
     sink.snapshot_chunk_rows = a.snapshot_chunk_rows as usize;
+    sink.snapshot_read_only = a.snapshot_read_only;
     let slot_metrics = crate::metrics::StreamMetrics::default();
     if let Some(addr) = metrics {
         let live = sink.live.clone();
@@ -282,7 +288,7 @@ pub(crate) async fn run(
     }
     let stats = pgwal_kafka::run(config, stream, sink, stop).await?;
     eprintln!(
-        "pgwal: kafka: {} transactions, {} records ({} bytes) in {} Kafka transactions; {} received again and skipped, {} spilled, {} restarts after Kafka errors, {} starts ahead of the slot, {} heartbeats, {} bad changes skipped, {} dead-lettered, {} snapshot rows in {} chunks ({} read again); Kafka holds everything up to {}",
+        "pgwal: kafka: {} transactions, {} records ({} bytes) in {} Kafka transactions; {} received again and skipped, {} spilled, {} restarts after Kafka errors, {} starts ahead of the slot, {} heartbeats, {} bad changes skipped, {} dead-lettered, {} snapshot rows in {} chunks ({} read-only, {} read again); Kafka holds everything up to {}",
         stats.transactions,
         stats.records,
         stats.bytes,
@@ -296,6 +302,7 @@ pub(crate) async fn run(
         stats.dead_lettered,
         stats.snapshot_rows,
         stats.snapshot_chunks,
+        stats.snapshot_read_only_chunks,
         stats.snapshot_rereads,
         stats
             .position

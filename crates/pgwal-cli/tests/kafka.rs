@@ -1694,7 +1694,6 @@ fn kafka_sink_json_schemas_follow_schema_changes() {
     }
 }
 
-/// The last committed progress record of the stream, whole.
 /// The last committed progress record of `c`'s sink (slot `kslot`).  Keyed:
 /// servers tested one after another share the broker, and until this one's
 /// sink commits, the topic's last record is the previous server's.
@@ -1808,7 +1807,9 @@ fn keyed_rows(c: &Cluster, table: &str, key: &[&str]) -> BTreeMap<String, Value>
 /// snapshot, then a signal that snapshots one table again. A read_committed
 /// consumer sees every change of the reference stream exactly once, each
 /// row read at most once per snapshot, and builds copies equal to the
-/// tables.
+/// tables. On 15 the chunks are read-only (`--kafka-snapshot-read-only`:
+/// their windows end at a WAL position, not at a watermark message), on 18
+/// they write watermarks.
 #[test]
 fn kafka_sink_snapshot_while_written_and_killed() {
     if !broker::have_java() {
@@ -1851,8 +1852,6 @@ fn kafka_sink_snapshot_while_written_and_killed() {
             (format!("comp_{label}"), vec!["a", "b"]),
             (format!("full_{label}"), vec!["id"]),
         ];
-        let topics: Vec<String> = tables.iter().map(|(t, _)| topic(t)).collect();
-        let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
         phase("server started, tables filled");
 
         // the load, paced and bounded
@@ -1882,7 +1881,13 @@ fn kafka_sink_snapshot_while_written_and_killed() {
             })
         };
 
-        let args = ["--snapshot", "--kafka-snapshot-chunk-rows", "500"];
+        let read_only = label == "pg15";
+        let mode: &[&str] = if read_only {
+            &["--kafka-snapshot-read-only"]
+        } else {
+            &[]
+        };
+        let args = [&["--snapshot", "--kafka-snapshot-chunk-rows", "500"], mode].concat();
         let mut n = 0;
         let mut sink = start_sink(&c, &kafka, &logs, n, &args);
         // SIGKILLed three times while the snapshot is under way
@@ -1972,86 +1977,8 @@ fn kafka_sink_snapshot_while_written_and_killed() {
         assert!(ok, "{label}: the catch-up run failed:\n{log}");
         phase(&format!("{rounds} load rounds; caught up"));
 
-        let committed = read_all(&b.addr, &topics, "read_committed");
-        let (reads, changes): (Vec<&Consumed>, Vec<&Consumed>) = committed.iter().partition(|r| {
-            r.value
-                .as_deref()
-                .is_some_and(|v| serde_json::from_slice::<Value>(v).unwrap()["op"] == "r")
-        });
-        // every change of the stream exactly once
-        let mut seen: HashMap<Change, u32> = HashMap::new();
-        for r in &changes {
-            *seen
-                .entry(comparable(
-                    &r.topic,
-                    r.key.as_deref(),
-                    r.value.as_deref().unwrap(),
-                ))
-                .or_default() += 1;
-        }
-        let mut expected: HashMap<Change, u32> = HashMap::new();
-        for ch in reference(&c, end) {
-            *expected.entry(ch).or_default() += 1;
-        }
-        let missing = expected.keys().filter(|k| !seen.contains_key(*k)).count();
-        let extra = seen.keys().filter(|k| !expected.contains_key(*k)).count();
-        assert!(
-            missing == 0 && extra == 0 && seen == expected,
-            "{label}: {missing} changes of the reference stream not in Kafka, {extra} in Kafka \
-             not in it (or some twice)"
-        );
-        // each row read at most once per snapshot (the FULL table twice)
-        let mut read_count: HashMap<(&str, &[u8]), u32> = HashMap::new();
-        for r in &reads {
-            *read_count
-                .entry((&r.topic, r.key.as_deref().unwrap()))
-                .or_default() += 1;
-        }
-        for ((topic, key), n) in &read_count {
-            let most = if topic.contains(".full_") { 2 } else { 1 };
-            assert!(
-                *n <= most,
-                "{label}: {topic} row {} read {n} times",
-                String::from_utf8_lossy(key)
-            );
-        }
-        let reads_of = |t: &str| reads.iter().filter(|r| r.topic == topic(t)).count();
-        // the rows there at the start and never touched are all read
-        assert!(
-            reads_of(&tables[0].0) as u64 > SNAPSHOT_ROWS * 9 / 10,
-            "{label}: only {} rows of {} read",
-            reads_of(&tables[0].0),
-            tables[0].0
-        );
-        // the copies equal the tables
-        let copy = materialize(&committed);
-        for (table, key) in &tables {
-            let src = keyed_rows(&c, table, key);
-            let empty = BTreeMap::new();
-            let got = copy.get(&topic(table)).unwrap_or(&empty);
-            let differ: Vec<String> = src
-                .iter()
-                .filter(|(k, v)| got.get(*k) != Some(v))
-                .map(|(k, v)| format!("{k}: source {v}, copy {:?}", got.get(k)))
-                .chain(
-                    got.keys()
-                        .filter(|k| !src.contains_key(*k))
-                        .map(|k| format!("{k}: in the copy only")),
-                )
-                .collect();
-            assert!(
-                differ.is_empty(),
-                "{label}: {} rows of {table} differ, e.g.:\n{}",
-                differ.len(),
-                differ
-                    .iter()
-                    .take(5)
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            );
-        }
-        let rereads = snapshot_behind_a_held_commit(label, &c, &b.addr, &kafka, &logs, n + 2);
+        let (reads, changes) = check_snapshot_topics(label, &c, &c, &b.addr, &tables, end);
+        let rereads = snapshot_behind_a_held_commit(label, &c, &b.addr, &kafka, &logs, n + 2, mode);
         phase(&format!(
             "a snapshot behind a commit a synchronous standby held: read again {rereads} times"
         ));
@@ -2059,20 +1986,326 @@ fn kafka_sink_snapshot_while_written_and_killed() {
         eprintln!(
             "{label}: {} read records and {} changes read_committed; {killed_mid_snapshot} \
              SIGKILLs mid-snapshot, 0 duplicates, copies equal; {rounds} load rounds; {:.1?}",
-            reads.len(),
-            changes.len(),
+            reads,
+            changes,
             t.elapsed()
         );
     }
 }
 
-/// The number in `log`'s last summary of chunks read again.
-fn chunks_read_again(log: &str) -> u64 {
-    log.rsplit(" chunks (")
+/// A snapshot from a hot standby (logical decoding there needs 16+; run on
+/// 18): the sink streams from a slot on the standby and reads its chunks
+/// there, where no watermark can be written, so every chunk is read-only.
+/// The primary is written to all along, the sink is SIGKILLed in the middle
+/// of the snapshot, and a signal sent to the primary (a logical message
+/// the standby replays) snapshots one table again. The verdicts of the
+/// snapshot test, with the reference stream from a slot on the standby and
+/// the copies compared with the primary's tables.
+#[test]
+fn kafka_sink_snapshot_from_a_hot_standby() {
+    if !broker::have_java() {
+        eprintln!("NOTICE: no java; the Kafka standby snapshot test is skipped");
+        return;
+    }
+    let Some((label, bin)) = support::servers().into_iter().find(|(l, _)| *l == "pg18") else {
+        eprintln!("NOTICE: no PostgreSQL 18; the Kafka standby snapshot test is skipped");
+        return;
+    };
+    let _one = one_broker();
+    let b = Broker::start("standby");
+    let kafka = broker::sink_args(&b.addr, &[]);
+    let t = Instant::now();
+    let phase = |what: &str| eprintln!("{label}: {:6.1} s {what}", t.elapsed().as_secs_f64());
+    let p = Cluster::start(
+        label,
+        &bin,
+        Options {
+            conf: vec!["logical_decoding_work_mem = '64kB'".into()],
+            ..Options::default()
+        },
+    );
+    p.psql(&snapshot_setup(label));
+    let s = p.standby("phys", &["hot_standby_feedback = on"]);
+    // a slot on a standby waits for the primary's next running-xacts
+    // record: ask for one until both slots exist
+    let slots_made = Arc::new(AtomicBool::new(false));
+    let nudge = {
+        let done = slots_made.clone();
+        let mut psql = p.psql_command();
+        psql.args(["-f", "-"]).stdout(Stdio::null());
+        std::thread::spawn(move || {
+            let t0 = Instant::now();
+            while !done.load(Ordering::SeqCst) && t0.elapsed() < Duration::from_secs(60) {
+                support::feed(&mut psql, "SELECT pg_log_standby_snapshot();");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        })
+    };
+    block_on(async {
+        let mut rc = ReplicationClient::connect(&config(&s, "postgres"))
+            .await
+            .unwrap();
+        for slot in ["ref", "kslot"] {
+            rc.create_logical_slot(slot, &CreateSlotOptions::new())
+                .await
+                .unwrap();
+        }
+    });
+    slots_made.store(true, Ordering::SeqCst);
+    nudge.join().unwrap();
+    let logs = fresh_log_dir(label, "standby-snapshot");
+    let tables = [
+        (format!("snap_{label}"), vec!["id"]),
+        (format!("comp_{label}"), vec!["a", "b"]),
+        (format!("full_{label}"), vec!["id"]),
+    ];
+    phase("primary and standby started, slots made on the standby");
+
+    // the load on the primary, paced and bounded
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = {
+        let stop = stop.clone();
+        let mut psql = p.psql_command();
+        psql.args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null());
+        std::thread::spawn(move || {
+            let mut r = 1;
+            let t0 = Instant::now();
+            while !stop.load(Ordering::SeqCst) && t0.elapsed() < Duration::from_secs(300) {
+                let round = Instant::now();
+                assert!(
+                    support::feed(&mut psql, &snapshot_round_sql(label, r))
+                        .status
+                        .success(),
+                    "load round {r} failed"
+                );
+                r += 1;
+                std::thread::sleep(Duration::from_millis(50).saturating_sub(round.elapsed()));
+            }
+            r - 1
+        })
+    };
+    let args = ["--snapshot", "--kafka-snapshot-chunk-rows", "500"];
+    let mut sink = start_sink(&s, &kafka, &logs, 0, &args);
+    let t0 = Instant::now();
+    let rows = loop {
+        let rows = kafka_progress_value(&b.addr, &s).map(|p| p["snapshot"]["rows"].as_u64());
+        match rows {
+            Some(Some(r)) if r >= 8_000 => break r,
+            Some(None) => panic!("{label}: the snapshot ended before 8,000 rows"),
+            _ => {}
+        }
+        sink.assert_running(label);
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "{label}: the snapshot did not reach 8,000 rows in 120 s:\n{}",
+            sink.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    sink.signal("-KILL");
+    let _ = sink.wait_code(Duration::from_secs(30));
+    phase(&format!(
+        "pgwal SIGKILLed with {rows} snapshot rows in Kafka"
+    ));
+    let mut sink = start_sink(&s, &kafka, &logs, 1, &args);
+    sink.wait_streaming();
+    let t0 = Instant::now();
+    while kafka_progress_value(&b.addr, &s).is_some_and(|p| p.get("snapshot").is_some()) {
+        sink.assert_running(label);
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "{label}: the snapshot did not end in 120 s:\n{}",
+            sink.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    phase("initial snapshot done");
+    // the signal goes to the primary; the standby's stream carries it
+    let out = Command::new(env!("CARGO_BIN_EXE_pgwal"))
+        .arg("-d")
+        .arg(format!("{} sslmode=disable", p.conninfo("postgres")))
+        .args(["snapshot", "--table", &format!("public.full_{label}")])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{label}: pgwal snapshot failed: {out:?}"
+    );
+    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let signal: Lsn = printed["lsn"].as_str().unwrap().parse().unwrap();
+    let t0 = Instant::now();
+    loop {
+        let v = kafka_progress_value(&b.addr, &s).unwrap();
+        let end: Lsn = v["end_lsn"].as_str().unwrap().parse().unwrap();
+        if end > signal && v.get("snapshot").is_none() {
+            break;
+        }
+        sink.assert_running(label);
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "{label}: the signalled snapshot did not end in 120 s:\n{}",
+            sink.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    phase("signalled snapshot done");
+    stop.store(true, Ordering::SeqCst);
+    let rounds = load.join().unwrap();
+    let (ok, log) = sink.terminate();
+    assert!(ok, "{label}: pgwal failed on SIGTERM:\n{log}");
+    let (read_only, _) = chunks_read_only_and_again(&log);
+    assert!(
+        read_only > 0,
+        "{label}: no read-only chunk on the standby:\n{log}"
+    );
+    // the standby replays the load's end before the catch-up run
+    let end = p.insert_lsn();
+    let t0 = Instant::now();
+    while s
+        .query("SELECT pg_last_wal_replay_lsn()")
+        .parse::<Lsn>()
+        .unwrap()
+        < end
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{label}: the standby did not replay {end} in 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (ok, log) = start_sink(&s, &kafka, &logs, 2, &["--stop-lsn", &end.to_string()])
+        .wait(Duration::from_secs(120));
+    assert!(ok, "{label}: the catch-up run failed:\n{log}");
+    phase(&format!("{rounds} load rounds; caught up"));
+    let (reads, changes) = check_snapshot_topics(label, &s, &p, &b.addr, &tables, end);
+    let _ = std::fs::remove_dir_all(&logs);
+    eprintln!(
+        "{label}: from a hot standby: {reads} read records and {changes} changes \
+         read_committed ({read_only} read-only chunks in the last run); a SIGKILL \
+         mid-snapshot, 0 duplicates, copies equal to the primary's tables; {rounds} load \
+         rounds; {:.1?}",
+        t.elapsed()
+    );
+}
+
+/// The verdicts on a snapshot test's topics once the sink caught up to
+/// `end`: every change of the reference stream (slot `ref` on
+/// `stream_from`) exactly once, each row read at most once per snapshot
+/// (the FULL table's twice: a signal snapshots it again), at least 90 %
+/// of the first table's rows read, and the copies built from the records
+/// equal to `source`'s tables. Returns the numbers of read records and
+/// changes.
+fn check_snapshot_topics(
+    label: &str,
+    stream_from: &Cluster,
+    source: &Cluster,
+    addr: &str,
+    tables: &[(String, Vec<&str>)],
+    end: Lsn,
+) -> (usize, usize) {
+    let topics: Vec<String> = tables.iter().map(|(t, _)| topic(t)).collect();
+    let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
+    let committed = read_all(addr, &topics, "read_committed");
+    let (reads, changes): (Vec<&Consumed>, Vec<&Consumed>) = committed.iter().partition(|r| {
+        r.value
+            .as_deref()
+            .is_some_and(|v| serde_json::from_slice::<Value>(v).unwrap()["op"] == "r")
+    });
+    // every change of the stream exactly once
+    let mut seen: HashMap<Change, u32> = HashMap::new();
+    for r in &changes {
+        *seen
+            .entry(comparable(
+                &r.topic,
+                r.key.as_deref(),
+                r.value.as_deref().unwrap(),
+            ))
+            .or_default() += 1;
+    }
+    let mut expected: HashMap<Change, u32> = HashMap::new();
+    for ch in reference(stream_from, end) {
+        *expected.entry(ch).or_default() += 1;
+    }
+    let missing = expected.keys().filter(|k| !seen.contains_key(*k)).count();
+    let extra = seen.keys().filter(|k| !expected.contains_key(*k)).count();
+    assert!(
+        missing == 0 && extra == 0 && seen == expected,
+        "{label}: {missing} changes of the reference stream not in Kafka, {extra} in Kafka \
+         not in it (or some twice)"
+    );
+    // each row read at most once per snapshot (the FULL table twice)
+    let mut read_count: HashMap<(&str, &[u8]), u32> = HashMap::new();
+    for r in &reads {
+        *read_count
+            .entry((&r.topic, r.key.as_deref().unwrap()))
+            .or_default() += 1;
+    }
+    for ((topic, key), n) in &read_count {
+        let most = if topic.contains(".full_") { 2 } else { 1 };
+        assert!(
+            *n <= most,
+            "{label}: {topic} row {} read {n} times",
+            String::from_utf8_lossy(key)
+        );
+    }
+    let reads_of = |t: &str| reads.iter().filter(|r| r.topic == topic(t)).count();
+    // the rows there at the start and never touched are all read
+    assert!(
+        reads_of(&tables[0].0) as u64 > SNAPSHOT_ROWS * 9 / 10,
+        "{label}: only {} rows of {} read",
+        reads_of(&tables[0].0),
+        tables[0].0
+    );
+    // the copies equal the tables
+    let copy = materialize(&committed);
+    for (table, key) in tables {
+        let src = keyed_rows(source, table, key);
+        let empty = BTreeMap::new();
+        let got = copy.get(&topic(table)).unwrap_or(&empty);
+        let differ: Vec<String> = src
+            .iter()
+            .filter(|(k, v)| got.get(*k) != Some(v))
+            .map(|(k, v)| format!("{k}: source {v}, copy {:?}", got.get(k)))
+            .chain(
+                got.keys()
+                    .filter(|k| !src.contains_key(*k))
+                    .map(|k| format!("{k}: in the copy only")),
+            )
+            .collect();
+        assert!(
+            differ.is_empty(),
+            "{label}: {} rows of {table} differ, e.g.:\n{}",
+            differ.len(),
+            differ
+                .iter()
+                .take(5)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    (reads.len(), changes.len())
+}
+
+/// The numbers in `log`'s last summary of snapshot chunks read-only and
+/// read again ("... chunks (R read-only, A read again)").
+fn chunks_read_only_and_again(log: &str) -> (u64, u64) {
+    let numbers: Vec<u64> = log
+        .rsplit(" chunks (")
         .next()
-        .and_then(|s| s.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no snapshot summary in the log:\n{log}"))
+        .and_then(|s| s.split(')').next())
+        .map(|s| {
+            s.split(',')
+                .filter_map(|p| p.split_whitespace().next()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    match numbers[..] {
+        [read_only, again] => (read_only, again),
+        _ => panic!("no snapshot summary in the log:\n{log}"),
+    }
 }
 
 /// A transaction whose commit the stream carries while the server still
@@ -2088,6 +2321,7 @@ fn snapshot_behind_a_held_commit(
     kafka: &[String],
     logs: &Path,
     n: usize,
+    mode: &[&str],
 ) -> u64 {
     let table = format!("held_{label}");
     let t = Instant::now();
@@ -2115,7 +2349,13 @@ fn snapshot_behind_a_held_commit(
         std::thread::sleep(Duration::from_millis(50));
     }
     phase("a commit waits for the standby");
-    let mut sink = start_sink(c, kafka, logs, n, &["--kafka-snapshot-chunk-rows", "500"]);
+    let mut sink = start_sink(
+        c,
+        kafka,
+        logs,
+        n,
+        &[&["--kafka-snapshot-chunk-rows", "500"], mode].concat(),
+    );
     sink.wait_streaming();
     phase("streaming");
     let signal: Lsn = c
@@ -2239,7 +2479,12 @@ fn snapshot_behind_a_held_commit(
         })
         .count();
     assert_eq!(reads, 999, "{label}: every row but the held one read once");
-    let rereads = chunks_read_again(&log);
+    let (read_only, rereads) = chunks_read_only_and_again(&log);
     assert!(rereads > 0, "{label}: no chunk was read again:\n{log}");
+    if mode.contains(&"--kafka-snapshot-read-only") {
+        assert!(read_only > 0, "{label}: no chunk was read-only:\n{log}");
+    } else {
+        assert_eq!(read_only, 0, "{label}: a chunk was read-only:\n{log}");
+    }
     rereads
 }

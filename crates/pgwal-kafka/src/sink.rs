@@ -120,6 +120,11 @@ pub struct SinkConfig {
     pub snapshot_signals: bool,
     /// Rows a snapshot reads at a time.
     pub snapshot_chunk_rows: usize,
+    /// Snapshot chunks write nothing to the source: each chunk's window
+    /// ends where the stream passes the WAL position read with it, instead
+    /// of at a watermark message (see [`crate::snapshot`]). Chunks read
+    /// from a hot standby are always read-only.
+    pub snapshot_read_only: bool,
 }
 
 impl SinkConfig {
@@ -151,6 +156,7 @@ impl SinkConfig {
             initial_snapshot: false,
             snapshot_signals: true,
             snapshot_chunk_rows: 4096,
+            snapshot_read_only: false,
         }
     }
 }
@@ -253,6 +259,9 @@ pub struct SinkStats {
     pub snapshot_rows: u64,
     /// Snapshot chunks read.
     pub snapshot_chunks: u64,
+    /// Of those, chunks read without writing a watermark (read-only, or on
+    /// a hot standby).
+    pub snapshot_read_only_chunks: u64,
     /// Chunks thrown away and read again: a change the sink had written was
     /// not yet visible to the chunk's read, or a streamed transaction that
     /// touched the table committed while the chunk waited for its
@@ -426,6 +435,8 @@ struct Session<'a> {
     /// The chunk waiting for its watermark, and when the next may be read.
     chunk: Option<Chunk>,
     next_chunk_at: Instant,
+    /// When to ask the server for its position, for a read-only chunk.
+    ask_position_at: Option<Instant>,
     /// Transactions written while a snapshot runs, with the rows they
     /// changed, as long as a chunk's read may still see them in progress
     /// (see [`crate::snapshot`]); and the current transaction's rows.
@@ -477,6 +488,7 @@ impl<'a> Session<'a> {
             snapshot_committed: None,
             chunk: None,
             next_chunk_at: Instant::now(),
+            ask_position_at: None,
             written_rows: HashMap::new(),
             current_rows: WrittenRows::default(),
             unverified: true,
@@ -573,6 +585,7 @@ impl<'a> Session<'a> {
         let pubs = self.publications.clone();
         let keys = self.keys.clone();
         let limit = self.sink.snapshot_chunk_rows.max(1);
+        let read_only = self.sink.snapshot_read_only;
         let timeout = self.lookup_timeout;
         let read = async {
             let client = self.catalog().await?;
@@ -583,6 +596,7 @@ impl<'a> Session<'a> {
                 after.as_deref(),
                 limit,
                 &keys,
+                read_only,
             )
             .await
         };
@@ -620,6 +634,7 @@ impl<'a> Session<'a> {
             }
         };
         self.stats.snapshot_chunks += 1;
+        self.stats.snapshot_read_only_chunks += u64::from(chunk.high.is_some());
         let mut chunk = chunk;
         if let Some(pk) = chunk.primary_key.take() {
             self.keys.set_primary_key(&chunk.relation, pk);
@@ -659,21 +674,64 @@ impl<'a> Session<'a> {
             self.next_chunk_at = Instant::now() + Duration::from_millis(200);
             return Ok(());
         }
+        if chunk.high.is_some() {
+            self.ask_position_at = Some(Instant::now());
+        }
         self.chunk = Some(chunk);
         Ok(())
     }
 
-    /// The chunk's watermark arrived (inside its transaction, at `lsn`):
-    /// its rows not changed meanwhile go to Kafka, and the cursor past it.
-    async fn chunk_done(&mut self, lsn: Lsn, producer: &mut KafkaProducer) -> Result<(), Failure> {
+    /// A read-only chunk's window ends before the first transaction that
+    /// commits at or after `high` (every commit its snapshot saw is
+    /// before), or at an answer to the position request that passed it
+    /// (answers come between transactions). An answer short of it asks
+    /// again shortly: the server has not sent that far yet.
+    async fn read_only_window(
+        &mut self,
+        high: Lsn,
+        event: &Event,
+        producer: &mut KafkaProducer,
+    ) -> Result<(), Failure> {
+        let passed = match event {
+            Event::Begin(b) => b.final_lsn >= high,
+            Event::StreamCommit(c) => c.commit_lsn >= high,
+            Event::Heartbeat { wal_end } => {
+                if *wal_end < high {
+                    self.ask_position_at = Some(Instant::now() + Duration::from_millis(20));
+                }
+                *wal_end >= high
+            }
+            _ => false,
+        };
+        if !passed {
+            return Ok(());
+        }
+        self.ask_position_at = None;
+        // no transaction wrote these rows: xid 0 (PostgreSQL's invalid
+        // xid), at the window's end, read now
+        let tx = TxInfo::new(0, high, PgTimestamp::now());
+        self.chunk_done(high, tx, producer).await?;
+        // the rows and the cursor commit with the next Kafka transaction,
+        // at a position Kafka already holds or is committing
+        let at = self.written.max(self.pending_end.unwrap_or_default());
+        self.transaction_done(at, producer).await
+    }
+
+    /// The chunk's window ended (at its watermark, inside transaction
+    /// `tx` at `lsn`; or, read-only, where the stream passed its position
+    /// `lsn`): its rows not changed meanwhile go to Kafka, and the cursor
+    /// past it.
+    async fn chunk_done(
+        &mut self,
+        lsn: Lsn,
+        tx: TxInfo,
+        producer: &mut KafkaProducer,
+    ) -> Result<(), Failure> {
         let chunk = self.chunk.take().expect("checked");
         if chunk.abandoned {
             self.stats.snapshot_rereads += 1;
             return Ok(());
         }
-        let tx = self
-            .current
-            .expect("a transactional message is inside its transaction");
         let now = PgTimestamp::now();
         let mut n = 0;
         for row in chunk.rows.into_iter().flatten() {
@@ -858,6 +916,7 @@ impl<'a> Session<'a> {
                 && self.chunk.is_none()
                 && self.current.is_none()
                 && self.block.is_none();
+            let ask_at = self.ask_position_at.filter(|_| self.chunk.is_some());
             let event = tokio::select! {
                 // reading goes on while Kafka commits
                 r = async { self.committing.as_mut().expect("guarded").0.as_mut().await }, if committing => {
@@ -871,6 +930,12 @@ impl<'a> Session<'a> {
                 }
                 // a chunk to read again later, while the stream is idle
                 _ = tokio::time::sleep_until(self.next_chunk_at.into()), if chunk_later => continue,
+                // a read-only chunk waits for the stream to pass its position
+                _ = tokio::time::sleep_until(ask_at.unwrap_or_else(Instant::now).into()), if ask_at.is_some() => {
+                    self.ask_position_at = None;
+                    stream.request_position();
+                    continue;
+                }
                 _ = &mut *stop => {
                     // complete transactions are kept; a partial one comes again
                     self.finish(producer).await?;
@@ -898,6 +963,9 @@ impl<'a> Session<'a> {
         stream: &mut LogicalStream,
         producer: &mut KafkaProducer,
     ) -> Result<(), Failure> {
+        if let Some(high) = self.chunk.as_ref().and_then(|c| c.high) {
+            self.read_only_window(high, &event, producer).await?;
+        }
         match &event {
             Event::Begin(b) => {
                 self.current_rows = WrittenRows::default();
@@ -1049,6 +1117,7 @@ impl<'a> Session<'a> {
                 // Kafka holds the snapshot as far as its last commit
                 self.snapshot = self.snapshot_committed.clone();
                 self.chunk = None;
+                self.ask_position_at = None;
                 self.streamed_tables.clear();
             }
             Event::Message(m)
@@ -1060,7 +1129,10 @@ impl<'a> Session<'a> {
                         .as_ref()
                         .is_some_and(|c| c.id.as_bytes() == &m.content[..])
                     {
-                        self.chunk_done(m.lsn, producer).await?;
+                        let tx = self
+                            .current
+                            .expect("a transactional message is inside its transaction");
+                        self.chunk_done(m.lsn, tx, producer).await?;
                     }
                 } else if m.prefix == snapshot::SIGNAL_PREFIX && self.sink.snapshot_signals {
                     self.signal(&m.content, m.lsn);

@@ -42,6 +42,14 @@
 //! restarted sink reads it again from the cursor in Kafka's progress and
 //! ignores the old watermark, whose id is not its chunk's.
 //!
+//! **Read-only chunks** ([`SinkConfig::snapshot_read_only`](crate::SinkConfig::snapshot_read_only),
+//! and every chunk on a hot standby) write no watermark. Step 2's first
+//! query also reads a WAL position after S was taken (the insert position
+//! on a primary, the replayed one on a standby): every commit S sees ends
+//! at or before it. The window of step 3 then ends before the first
+//! transaction whose commit starts at or after that position, or when the
+//! server, asked for its position, reports that it has sent past it.
+//!
 //! Snapshots start with `--snapshot` when Kafka holds nothing of the stream
 //! yet (every published table), or at a *signal*: a transactional logical
 //! message with prefix [`SIGNAL_PREFIX`] and content `{"tables": ["schema.table", ...]}`,
@@ -55,7 +63,7 @@ use bytes::Bytes;
 use pgwal::protocol::pgoutput::{
     ColumnValue, Relation, RelationColumn, ReplicaIdentity, TupleData,
 };
-use pgwal::{quote_ident, quote_literal, ReplicationClient, Row};
+use pgwal::{quote_ident, quote_literal, Lsn, ReplicationClient, Row};
 use serde::{Deserialize, Serialize};
 
 use crate::format::{key_names, key_object, Format};
@@ -166,6 +174,9 @@ pub fn parse_signal(content: &[u8]) -> Result<Vec<String>, String> {
 pub(crate) struct Chunk {
     /// The watermark's content.
     pub id: String,
+    /// A read-only chunk (no watermark written): its window ends where the
+    /// stream passes this position.
+    pub high: Option<Lsn>,
     /// The table as the chunk read it.
     pub relation: Arc<Relation>,
     /// The rows still to write (`None`: changed in the window).
@@ -250,6 +261,7 @@ struct Described {
 /// one transaction on `sql`, and emits its watermark. `publications` say
 /// which columns and rows are published. `None`: the table is no longer
 /// there or no longer published (it is left out of the snapshot).
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn read_chunk(
     sql: &mut ReplicationClient,
     publications: &[String],
@@ -257,10 +269,20 @@ pub(crate) async fn read_chunk(
     after: Option<&[String]>,
     limit: usize,
     keys: &KeyColumns,
+    read_only: bool,
 ) -> Result<Option<Chunk>, SnapshotError> {
     sql.simple_query("BEGIN ISOLATION LEVEL REPEATABLE READ")
         .await?;
-    let r = read_chunk_in(sql, publications, (schema, table), after, limit, keys).await;
+    let r = read_chunk_in(
+        sql,
+        publications,
+        (schema, table),
+        after,
+        limit,
+        keys,
+        read_only,
+    )
+    .await;
     let end = if r.as_ref().is_ok_and(Option::is_some) {
         "COMMIT"
     } else {
@@ -278,6 +300,7 @@ pub(crate) async fn read_chunk(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn read_chunk_in(
     sql: &mut ReplicationClient,
     publications: &[String],
@@ -285,28 +308,51 @@ async fn read_chunk_in(
     after: Option<&[String]>,
     limit: usize,
     keys: &KeyColumns,
+    read_only: bool,
 ) -> Result<Option<Chunk>, SnapshotError> {
     let name = format!("{schema}.{table}");
     let bad = |what: String| SnapshotError::BadResult {
         table: name.clone(),
         what,
     };
-    // the watermark needs no synchronous standby: it is only a position
-    sql.simple_query("SET LOCAL synchronous_commit = local")
-        .await?;
-    // the first query takes S; an xid at or past its xmax is not listed
-    // in progress, and not seen either
+    // The first query takes S; an xid at or past its xmax is not listed
+    // in progress, and not seen either. The WAL position it reads is read
+    // after S was taken, so every commit S sees ends at or before it: on
+    // a primary the insert position, on a standby the replayed one.
     let r = sql
         .simple_query(
             "SELECT pg_catalog.pg_snapshot_xmax(s)::text, \
                     (SELECT pg_catalog.string_agg(x::text, ',') FROM pg_catalog.pg_snapshot_xip(s) x), \
                     (SELECT pg_catalog.string_agg(a.backend_xid::text, ',') \
                      FROM pg_catalog.pg_stat_activity a \
-                     WHERE a.wait_event = 'SyncRep' AND a.backend_xid IS NOT NULL) \
+                     WHERE a.wait_event = 'SyncRep' AND a.backend_xid IS NOT NULL), \
+                    pg_catalog.pg_is_in_recovery()::text, \
+                    (CASE WHEN pg_catalog.pg_is_in_recovery() \
+                          THEN pg_catalog.pg_last_wal_replay_lsn() \
+                          ELSE pg_catalog.pg_current_wal_insert_lsn() END)::text, \
+                    pg_catalog.current_setting('wal_block_size') \
              FROM (SELECT pg_catalog.pg_current_snapshot() AS s) q",
         )
         .await?;
     let r = r.first().ok_or_else(|| bad("no snapshot".into()))?;
+    // a standby cannot write a watermark: its chunks end at a position
+    let in_recovery = r.get_index(3) == Some("true");
+    let high = if read_only || in_recovery {
+        let lsn: Lsn = r
+            .get_index(4)
+            .and_then(|l| l.parse().ok())
+            .ok_or_else(|| bad("no WAL position".into()))?;
+        let block: u64 = r
+            .get_index(5)
+            .and_then(|b| b.parse().ok())
+            .ok_or_else(|| bad("no wal_block_size".into()))?;
+        Some(window_end(lsn, block))
+    } else {
+        // the watermark needs no synchronous standby: it is only a position
+        sql.simple_query("SET LOCAL synchronous_commit = local")
+            .await?;
+        None
+    };
     // pgoutput's xids are the low 32 bits of the xid8s
     let xids = |i: usize| -> Result<Vec<u32>, SnapshotError> {
         r.get_index(i)
@@ -445,14 +491,17 @@ async fn read_chunk_in(
         last_key = Some(key);
     }
     let id = watermark_id();
-    sql.simple_query(&format!(
-        "SELECT pg_catalog.pg_logical_emit_message(true, {}, {})",
-        quote_literal(WATERMARK_PREFIX),
-        quote_literal(&id)
-    ))
-    .await?;
+    if high.is_none() {
+        sql.simple_query(&format!(
+            "SELECT pg_catalog.pg_logical_emit_message(true, {}, {})",
+            quote_literal(WATERMARK_PREFIX),
+            quote_literal(&id)
+        ))
+        .await?;
+    }
     Ok(Some(Chunk {
         id,
+        high,
         relation: d.relation,
         table_done: rows.len() < limit,
         rows,
@@ -464,6 +513,24 @@ async fn read_chunk_in(
         held,
         primary_key,
     }))
+}
+
+/// The end of a read-only chunk's window for a WAL position `lsn` read
+/// after its snapshot: every commit the snapshot sees ends at or before
+/// it. At a page's start the insert position is reported past the page
+/// header, where no record ends; the stream, which reports the end of
+/// the last record it sent, could then wait for the next record to pass
+/// it. The page's start serves instead: no record starts or ends inside
+/// a header.
+fn window_end(lsn: Lsn, block: u64) -> Lsn {
+    // the long header of a segment's first page is the larger
+    const LONG_PAGE_HEADER: u64 = 40;
+    let offset = lsn.0 % block.max(1);
+    if offset != 0 && offset <= LONG_PAGE_HEADER {
+        Lsn(lsn.0 - offset)
+    } else {
+        lsn
+    }
 }
 
 /// The table's description as pgoutput's Relation message would give it:
@@ -558,6 +625,21 @@ async fn describe(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn window_end_moves_off_a_page_header() {
+        let b = 8192;
+        // inside a page: as read
+        assert_eq!(window_end(Lsn(0x1_2345), b), Lsn(0x1_2345));
+        assert_eq!(window_end(Lsn(3 * b + 48), b), Lsn(3 * b + 48));
+        // just past a page's header (short, or a segment's long one)
+        assert_eq!(window_end(Lsn(3 * b + 24), b), Lsn(3 * b));
+        assert_eq!(window_end(Lsn(0x100_0000 + 40), b), Lsn(0x100_0000));
+        // a page's start itself
+        assert_eq!(window_end(Lsn(5 * b), b), Lsn(5 * b));
+        // other block sizes
+        assert_eq!(window_end(Lsn(2 * 32768 + 24), 32768), Lsn(2 * 32768));
+    }
 
     #[test]
     fn cursor_names_and_queue() {
