@@ -329,7 +329,12 @@ fn reference(c: &Cluster, end: Lsn) -> Vec<Change> {
             .await
             .unwrap();
         let mut keys = KeyColumns::new();
-        let cfg = StreamConfig::new("ref", ["p"]).stop_lsn(end);
+        // Status updates every second: a test's wal_sender_timeout may be
+        // 10 s, the default interval, and CI once saw this stream's
+        // transactions twice and thrice, after reconnects (below).
+        let cfg = StreamConfig::new("ref", ["p"])
+            .stop_lsn(end)
+            .status_interval(Duration::from_secs(1));
         let mut s = LogicalStream::start(config(c, "postgres"), cfg)
             .await
             .unwrap();
@@ -343,6 +348,13 @@ fn reference(c: &Cluster, end: Lsn) -> Vec<Change> {
             .unwrap()
         {
             let e = e.unwrap();
+            if let Event::Reconnected { restart_lsn } = &e {
+                // transactions committing from there on come again
+                eprintln!("NOTICE: the reference stream reconnected; it restarts at {restart_lsn}");
+                out.retain(|(commit, _)| commit < restart_lsn);
+                tx = None;
+                continue;
+            }
             if let Event::Relation(rel) = &e {
                 if keys.needs_lookup(rel) {
                     let rows = catalog
@@ -372,15 +384,14 @@ fn reference(c: &Cluster, end: Lsn) -> Vec<Change> {
                 )
                 .unwrap()
                 {
-                    out.push(comparable(
-                        &r.topic,
-                        r.key.as_deref(),
-                        r.value.as_deref().unwrap(),
+                    out.push((
+                        tx.commit_lsn,
+                        comparable(&r.topic, r.key.as_deref(), r.value.as_deref().unwrap()),
                     ));
                 }
             }
         }
-        out
+        out.into_iter().map(|(_, change)| change).collect()
     })
 }
 
