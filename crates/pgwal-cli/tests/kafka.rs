@@ -2360,12 +2360,23 @@ fn snapshot_behind_a_held_commit(
         std::thread::sleep(Duration::from_millis(50));
     }
     phase("a commit waits for the standby");
+    // no heartbeats: on this idle server a read-only chunk's window can
+    // end only through the position requests (without them it never does)
     let mut sink = start_sink(
         c,
         kafka,
         logs,
         n,
-        &[&["--kafka-snapshot-chunk-rows", "500"], mode].concat(),
+        &[
+            &[
+                "--kafka-snapshot-chunk-rows",
+                "500",
+                "--kafka-heartbeat-secs",
+                "0",
+            ],
+            mode,
+        ]
+        .concat(),
     );
     sink.wait_streaming();
     phase("streaming");

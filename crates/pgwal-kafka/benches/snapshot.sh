@@ -6,6 +6,8 @@
 # table. Variants, interleaved over ROUNDS rounds (default 2):
 #   snap       --snapshot, 4096-row chunks (the default)
 #   snap-16k   --snapshot --kafka-snapshot-chunk-rows 16384
+#   snap-ro    --snapshot --kafka-snapshot-read-only (no watermark written;
+#              each chunk's window ends at a WAL position)
 #   snap-32m   --snapshot --kafka-batch-bytes 33554432
 #   stream     no snapshot: the writer's transactions only, for STREAM_SECS
 #              (default 60), the lag without a snapshot beside it
@@ -94,6 +96,7 @@ for round in $(seq 1 "$rounds"); do
 		case $v in
 		snap) args+=("${kafka[@]}" --snapshot) ;;
 		snap-16k) args+=("${kafka[@]}" --snapshot --kafka-snapshot-chunk-rows 16384) ;;
+		snap-ro) args+=("${kafka[@]}" --snapshot --kafka-snapshot-read-only) ;;
 		snap-32m) args+=("${kafka[@]}" --snapshot --kafka-batch-bytes 33554432) ;;
 		stream) args+=("${kafka[@]}" --create-slot) ;;
 		copy-null)
