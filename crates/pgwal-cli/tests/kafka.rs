@@ -2097,7 +2097,8 @@ fn kafka_sink_snapshot_from_a_hot_standby() {
             r - 1
         })
     };
-    let args = ["--snapshot", "--kafka-snapshot-chunk-rows", "500"];
+    // larger chunks than the snapshot test's: fewer windows, a shorter test
+    let args = ["--snapshot", "--kafka-snapshot-chunk-rows", "2000"];
     let mut sink = start_sink(&s, &kafka, &logs, 0, &args);
     let t0 = Instant::now();
     let rows = loop {
