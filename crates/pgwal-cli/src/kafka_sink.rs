@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use pgwal::{Config, StreamConfig};
-use pgwal_kafka::{BadRecordPolicy, DecimalMode, Format, KeyColumns, Routing, SinkConfig};
+use pgwal_kafka::{
+    BadRecordPolicy, Compatibility, DecimalMode, Format, KeyColumns, RegistryConfig, Routing,
+    SinkConfig, SubjectStrategy,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(crate) enum FormatArg {
@@ -38,6 +41,37 @@ pub(crate) enum BadRecordsArg {
     Skip,
     /// Write it to the dead-letter topic instead.
     DeadLetter,
+}
+
+/// `--kafka-schema-compatibility`: the registry's compatibility modes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[clap(rename_all = "SCREAMING_SNAKE_CASE")]
+pub(crate) enum CompatibilityArg {
+    /// A new schema reads data written with the last one.
+    Backward,
+    /// ... with every earlier one.
+    BackwardTransitive,
+    /// The last schema reads data written with the new one.
+    Forward,
+    /// Every earlier schema reads data written with the new one.
+    ForwardTransitive,
+    /// Backward and forward, with the last schema.
+    Full,
+    /// ... with every earlier one.
+    FullTransitive,
+    /// No check.
+    None,
+}
+
+/// `--kafka-schema-subject-strategy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum SubjectArg {
+    /// <topic>-key and <topic>-value (Confluent's TopicNameStrategy).
+    Topic,
+    /// The record's full name, <server>.<schema>.<table>.Envelope (RecordNameStrategy).
+    Record,
+    /// <topic>-<record's full name> (TopicRecordNameStrategy).
+    TopicRecord,
 }
 
 /// Options of `--sink kafka`.
@@ -83,6 +117,50 @@ pub(crate) struct KafkaArgs {
     /// change. Debezium format only.
     #[arg(long = "kafka-json-schemas")]
     json_schemas: bool,
+    /// Keys and values in Avro, as Kafka Connect's AvroConverter writes
+    /// Debezium's records: each schema registered in the schema registry
+    /// (--kafka-schema-registry), each datum framed with its schema's id
+    /// (Confluent's wire format). Debezium format only; the schemas follow
+    /// the table's columns as they change.
+    #[arg(long = "kafka-avro", requires = "schema_registry")]
+    avro: bool,
+    /// The schema registry's Confluent-compatible API (e.g.
+    /// http://127.0.0.1:8081, or Apicurio's .../apis/ccompat/v7); https
+    /// verifies its certificate; user:password@ in the URL is basic
+    /// authentication.
+    #[arg(
+        long = "kafka-schema-registry",
+        value_name = "URL",
+        env = "PGWAL_SCHEMA_REGISTRY_URL"
+    )]
+    schema_registry: Option<String>,
+    /// Basic authentication with the registry (Confluent Cloud: the API
+    /// key); the password from PGWAL_SCHEMA_REGISTRY_PASSWORD.
+    #[arg(long = "kafka-schema-registry-user", value_name = "USER")]
+    schema_registry_user: Option<String>,
+    #[arg(
+        long = "kafka-schema-registry-password",
+        env = "PGWAL_SCHEMA_REGISTRY_PASSWORD",
+        hide = true
+    )]
+    schema_registry_password: Option<String>,
+    /// CA certificates (PEM) to trust for an https registry (default: the
+    /// Mozilla roots).
+    #[arg(long = "kafka-schema-registry-ca", value_name = "FILE")]
+    schema_registry_ca: Option<PathBuf>,
+    /// Set this compatibility mode on each subject before its first schema
+    /// (default: leave the registry's setting). A schema change the mode
+    /// refuses stops the sink with the registry's explanation; nothing of
+    /// it is written or acknowledged.
+    #[arg(long = "kafka-schema-compatibility", value_enum, value_name = "MODE")]
+    schema_compatibility: Option<CompatibilityArg>,
+    /// The subjects schemas are registered under.
+    #[arg(
+        long = "kafka-schema-subject-strategy",
+        value_enum,
+        default_value = "topic"
+    )]
+    subject_strategy: SubjectArg,
     /// The compacted topic where the stream's position commits with its
     /// records (created if missing; shared by streams, keyed by server and
     /// slot).
@@ -200,6 +278,17 @@ impl KafkaArgs {
         if self.json_schemas && self.format != FormatArg::Debezium {
             return Some("--kafka-json-schemas needs --kafka-format debezium");
         }
+        if self.avro && self.format != FormatArg::Debezium {
+            return Some("--kafka-avro needs --kafka-format debezium");
+        }
+        if self.avro && self.json_schemas {
+            return Some("--kafka-avro and --kafka-json-schemas exclude each other: the schemas are in the registry");
+        }
+        if !self.avro
+            && (self.schema_compatibility.is_some() || self.schema_registry_user.is_some())
+        {
+            return Some("the --kafka-schema-* options need --kafka-avro");
+        }
         None
     }
 }
@@ -228,7 +317,8 @@ pub(crate) async fn run(
             },
             tombstones: a.tombstones,
             transaction_metadata: a.transaction_metadata,
-            json_schemas: a.json_schemas,
+            // Avro is converted from the records with their Connect schemas
+            json_schemas: a.json_schemas || a.avro,
         },
     };
     let mut sink = SinkConfig::new(a.brokers.expect("checked by conflict()"), routing, format);
@@ -269,6 +359,30 @@ pub(crate) async fn run(
     sink.snapshot_signals = !a.no_snapshot_signals;
     sink.snapshot_chunk_rows = a.snapshot_chunk_rows as usize;
     sink.snapshot_read_only = a.snapshot_read_only;
+    if a.avro {
+        let mut r = RegistryConfig::new(a.schema_registry.expect("required by --kafka-avro"));
+        if let Some(user) = a.schema_registry_user {
+            r.basic_auth = Some((user, a.schema_registry_password.unwrap_or_default()));
+        }
+        r.ca_file = a.schema_registry_ca;
+        r.compatibility = a.schema_compatibility.map(|m| match m {
+            CompatibilityArg::Backward => Compatibility::Backward,
+            CompatibilityArg::BackwardTransitive => Compatibility::BackwardTransitive,
+            CompatibilityArg::Forward => Compatibility::Forward,
+            CompatibilityArg::ForwardTransitive => Compatibility::ForwardTransitive,
+            CompatibilityArg::Full => Compatibility::Full,
+            CompatibilityArg::FullTransitive => Compatibility::FullTransitive,
+            CompatibilityArg::None => Compatibility::None,
+        });
+        r.subject_strategy = match a.subject_strategy {
+            SubjectArg::Topic => SubjectStrategy::TopicName,
+            SubjectArg::Record => SubjectStrategy::RecordName,
+            SubjectArg::TopicRecord => SubjectStrategy::TopicRecordName,
+        };
+        r.timeout = sink.timeout;
+        r.retry_for = sink.retry_for;
+        sink.avro = Some(r);
+    }
     let slot_metrics = crate::metrics::StreamMetrics::default();
     if let Some(addr) = metrics {
         let live = sink.live.clone();

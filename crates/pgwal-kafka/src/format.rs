@@ -1,6 +1,7 @@
 //! Kafka records for row changes: topic, key (the replica identity) and
 //! value, in pgwal's JSON or in Debezium's envelope.
 
+pub mod avro;
 mod connect_schema;
 mod debezium;
 mod temporal;

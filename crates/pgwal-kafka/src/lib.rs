@@ -9,9 +9,11 @@
 //! transactional [`producer`] that writes them together with a [`progress`]
 //! record, so that a restart knows exactly what Kafka holds; and the
 //! [`sink`] that drives a stream into it exactly once (`pgwal stream
-//! --sink kafka`).
+//! --sink kafka`), its keys and values in JSON or, with a schema
+//! [`registry`], in Avro ([`avro_converter`]).
 #![warn(missing_docs)]
 
+pub mod avro_converter;
 pub mod bad_records;
 mod client;
 pub mod format;
@@ -19,6 +21,7 @@ pub mod keys;
 pub mod live;
 pub mod producer;
 pub mod progress;
+pub mod registry;
 pub mod routing;
 pub mod sink;
 pub mod snapshot;
@@ -28,5 +31,6 @@ pub use bad_records::{BadRecordPolicy, BadRecordReason};
 pub use format::{encode, encode_read, DecimalMode, Format, Record, TxInfo, TxOrder};
 pub use keys::{KeyColumns, KeyColumnsError};
 pub use live::SinkLive;
+pub use registry::{Compatibility, RegistryConfig, SubjectStrategy};
 pub use routing::{Routing, RoutingError};
 pub use sink::{run, SinkConfig, SinkError, SinkStats};

@@ -49,12 +49,14 @@ use futures_util::StreamExt;
 use pgwal::{Config, Event, LogicalStream, Lsn, ReplicationClient, StreamConfig};
 use pgwal_protocol::PgTimestamp;
 
+use crate::avro_converter::{AvroConverter, ConvertError};
 use crate::bad_records::{self, BadRecordPolicy, BadRecordReason};
 use crate::format::{encode, encode_read, stamp, Format, FormatError, Record, TxInfo, TxOrder};
 use crate::keys::{primary_key_query, KeyColumns};
 use crate::live::SinkLive;
 use crate::producer::{KafkaProducer, ProducerConfig, ProducerError};
 use crate::progress::{self, Progress};
+use crate::registry::RegistryConfig;
 use crate::routing::Routing;
 use crate::snapshot::{self, Chunk, SnapshotCursor, SnapshotError};
 use crate::spill::Spill;
@@ -125,6 +127,11 @@ pub struct SinkConfig {
     /// of at a watermark message (see [`crate::snapshot`]). Chunks read
     /// from a hot standby are always read-only.
     pub snapshot_read_only: bool,
+    /// Keys and values in Avro, their schemas registered in this schema
+    /// registry (see [`crate::avro_converter`]); needs
+    /// [`Format::Debezium`] with `json_schemas`, the form they are
+    /// converted from. Dead-letter records stay JSON.
+    pub avro: Option<RegistryConfig>,
 }
 
 impl SinkConfig {
@@ -157,6 +164,7 @@ impl SinkConfig {
             snapshot_signals: true,
             snapshot_chunk_rows: 4096,
             snapshot_read_only: false,
+            avro: None,
         }
     }
 }
@@ -219,6 +227,17 @@ pub enum SinkError {
         /// The server's major version.
         major: u32,
     },
+    /// A record could not be written in Avro: a schema the registry
+    /// refused under its compatibility mode, an unreachable registry, or
+    /// a key or value with no Avro form. Nothing from the transaction
+    /// that record belongs to on was written or acknowledged.
+    #[error(transparent)]
+    Avro(#[from] ConvertError),
+    /// `avro` with a format other than Debezium's with `json_schemas`.
+    #[error(
+        "Avro needs the Debezium format with its Kafka Connect schemas (--kafka-format debezium)"
+    )]
+    AvroNeedsConnectSchemas,
     /// The stream asks for two-phase decoding (see the module docs).
     #[error("the Kafka sink needs a stream without two-phase decoding: a transaction decoded at PREPARE may still roll back")]
     TwoPhase,
@@ -282,6 +301,21 @@ pub async fn run(
     if stream.two_phase {
         return Err(SinkError::TwoPhase);
     }
+    let mut avro = match &sink.avro {
+        Some(registry) => {
+            if !matches!(
+                sink.format,
+                Format::Debezium {
+                    json_schemas: true,
+                    ..
+                }
+            ) {
+                return Err(SinkError::AvroNeedsConnectSchemas);
+            }
+            Some(AvroConverter::new(registry.clone()).map_err(ConvertError::from)?)
+        }
+        None => None,
+    };
     let (system_id, major) = {
         let mut c = ReplicationClient::connect(&pg).await?;
         let major = c.server_major_version().unwrap_or(0);
@@ -315,6 +349,7 @@ pub async fn run(
         let (result, connected) = {
             let mut session = Session::new(&sink, &mut stats);
             session.messages = messages;
+            session.avro = avro.as_mut();
             let r = session.run(&pg, &stream, &pcfg, &mut stop).await;
             (r, session.connected)
         };
@@ -449,6 +484,8 @@ struct Session<'a> {
     waiting_for: Option<Vec<u32>>,
     /// The tables each streamed transaction in progress touched.
     streamed_tables: HashMap<u32, HashSet<u32>>,
+    /// Keys and values to Avro (kept across sessions: the schema ids).
+    avro: Option<&'a mut AvroConverter>,
 }
 
 type Commit = std::pin::Pin<Box<dyn Future<Output = Result<(), ProducerError>> + Send>>;
@@ -494,6 +531,7 @@ impl<'a> Session<'a> {
             unverified: true,
             waiting_for: None,
             streamed_tables: HashMap::new(),
+            avro: None,
         }
     }
 
@@ -1304,6 +1342,24 @@ impl<'a> Session<'a> {
     }
 
     async fn send(&mut self, r: &Record, producer: &mut KafkaProducer) -> Result<(), Failure> {
+        let converted;
+        let r = match self.avro.as_deref_mut() {
+            // dead-letter records stay pgwal's JSON, for people and tools
+            Some(_)
+                if matches!(&self.sink.bad_records,
+                    BadRecordPolicy::DeadLetter { topic } if *topic == r.topic) =>
+            {
+                r
+            }
+            Some(c) => {
+                converted = c
+                    .convert(r)
+                    .await
+                    .map_err(|e| Failure::Other(SinkError::Avro(e)))?;
+                &converted
+            }
+            None => r,
+        };
         let n = r.key.as_ref().map_or(0, Vec::len) + r.value.as_ref().map_or(0, Vec::len);
         self.stats.records += 1;
         self.stats.bytes += n as u64;

@@ -191,8 +191,8 @@ mod tests {
     fn rec(i: u32) -> Record {
         Record {
             topic: format!("t{i}"),
-            key: (i % 3 != 0).then(|| i.to_le_bytes().to_vec()),
-            value: (i % 5 != 0).then(|| vec![i as u8; i as usize]),
+            key: (!i.is_multiple_of(3)).then(|| i.to_le_bytes().to_vec()),
+            value: (!i.is_multiple_of(5)).then(|| vec![i as u8; i as usize]),
         }
     }
 

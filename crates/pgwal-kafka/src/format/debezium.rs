@@ -288,7 +288,7 @@ fn unscaled_bytes(s: &str, scale: usize) -> Option<Vec<u8>> {
     let digits: Vec<u8> = int
         .bytes()
         .chain(frac.bytes())
-        .chain(std::iter::repeat(b'0').take(scale - frac.len()))
+        .chain(std::iter::repeat_n(b'0', scale - frac.len()))
         .map(|b| b.is_ascii_digit().then(|| b - b'0'))
         .collect::<Option<_>>()?;
     // decimal digits -> base-256 magnitude, least significant byte first
