@@ -9,6 +9,11 @@
 #   snap-ro    --snapshot --kafka-snapshot-read-only (no watermark written;
 #              each chunk's window ends at a WAL position)
 #   snap-32m   --snapshot --kafka-batch-bytes 33554432
+#   snap-schemas --snapshot --kafka-json-schemas (Debezium JSON, each key and
+#              value with its Kafka Connect schema inline)
+#   snap-avro  --snapshot --kafka-avro: keys and values in Avro, their schemas
+#              in a schema registry (tools/schema-registry-server, started
+#              for the run; the form snap-schemas' records are converted from)
 #   stream     no snapshot: the writer's transactions only, for STREAM_SECS
 #              (default 60), the lag without a snapshot beside it
 #   copy-null  pgwal stream --snapshot > /dev/null: the exported snapshot
@@ -47,10 +52,12 @@ command -v curl >/dev/null || { echo "curl is required (metrics)" >&2; exit 2; }
 pgwal=$repo/crates/target/release/pgwal
 broker_dir=$(mktemp -d /dev/shm/pgwal-kafka-snap-XXXXXX)
 load_pid=
+registry=
 cleanup() {
 	[ -n "$load_pid" ] && kill "$load_pid" 2>/dev/null || true
 	pkill -f "$broker_dir" 2>/dev/null || true
 	"$repo/tools/kafka-broker" kill "$broker_dir" >/dev/null 2>&1 || true
+	[ -z "$registry" ] || "$repo/tools/schema-registry-server" stop "$broker_dir/registry" >/dev/null 2>&1 || true
 	rm -rf "$broker_dir"
 	bench_cluster_stop
 }
@@ -65,6 +72,11 @@ for p in range(19100, 19900, 4):
         print(p); break
     except OSError: pass')
 brokers=$("$repo/tools/kafka-broker" start "$broker_dir/b" "$kport")
+if [[ " ${variants[*]} " == *" snap-avro "* ]]; then
+	rport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+	registry=$("$repo/tools/schema-registry-server" start "$broker_dir/registry" "$rport")
+	echo "schema registry at $registry" >&2
+fi
 echo "server: $("$bin/postgres" --version); Kafka at $brokers; $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 raw=${RESULTS_OUT:-$dir/raw}
 : >"$raw"
@@ -98,13 +110,15 @@ for round in $(seq 1 "$rounds"); do
 		snap-16k) args+=("${kafka[@]}" --snapshot --kafka-snapshot-chunk-rows 16384) ;;
 		snap-ro) args+=("${kafka[@]}" --snapshot --kafka-snapshot-read-only) ;;
 		snap-32m) args+=("${kafka[@]}" --snapshot --kafka-batch-bytes 33554432) ;;
+		snap-schemas) args+=("${kafka[@]}" --snapshot --kafka-json-schemas) ;;
+		snap-avro) args+=("${kafka[@]}" --snapshot --kafka-avro --kafka-schema-registry "$registry") ;;
 		stream) args+=("${kafka[@]}" --create-slot) ;;
 		copy-null)
 			stop=$(psql -c "SELECT pg_current_wal_insert_lsn()")
 			/usr/bin/time -f "TIME %e %U %S %M" -o "$log.time" \
 				"$pgwal" "${args[@]}" --snapshot --stop-lsn "$stop" >/dev/null 2>"$log"
 			read -r _ t u s kb <"$log.time"
-			line="$v round=$round secs=$t rows_per_s=$(awk -v r="$rows" -v t="$t" 'BEGIN{printf "%.0f", r / t}') client_cpu=$(awk -v u="$u" -v s="$s" 'BEGIN{printf "%.2f", u + s}') rss_mb=$((kb / 1024)) lag_median=0 lag_max=0"
+			line="$v round=$round secs=$t rows_per_s=$(awk -v r="$rows" -v t="$t" 'BEGIN{printf "%.0f", r / t}') client_cpu=$(awk -v u="$u" -v s="$s" 'BEGIN{printf "%.2f", u + s}') rss_mb=$((kb / 1024)) lag_median=0 lag_max=0 record_bytes=0"
 			echo "$line" >>"$raw"
 			echo "$line" >&2
 			psql -c "SELECT pg_drop_replication_slot('s$n')" >/dev/null
@@ -134,10 +148,11 @@ for round in $(seq 1 "$rounds"); do
 		read -r _ _ u s kb <"$log.time"
 		secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b - a}')
 		snap_rows=$(sed -n 's/.* \([0-9]*\) snapshot rows in .*/\1/p' "$log" | tail -1)
+		read -r recs rbytes < <(sed -n 's/.* \([0-9]*\) records (\([0-9]*\) bytes) in .*/\1 \2/p' "$log" | tail -1)
 		read -r lmed lmax < <(python3 -c 'import statistics, sys
 xs = [float(x) for x in open(sys.argv[1]) if x.strip()]
 print(f"{statistics.median(xs):.3f} {max(xs):.3f}" if xs else "0 0")' "$log.lag")
-		line="$v round=$round secs=$secs rows_per_s=$(awk -v r="${snap_rows:-0}" -v t="$secs" 'BEGIN{printf "%.0f", r / t}') client_cpu=$(awk -v u="$u" -v s="$s" 'BEGIN{printf "%.2f", u + s}') rss_mb=$((kb / 1024)) lag_median=$lmed lag_max=$lmax"
+		line="$v round=$round secs=$secs rows_per_s=$(awk -v r="${snap_rows:-0}" -v t="$secs" 'BEGIN{printf "%.0f", r / t}') client_cpu=$(awk -v u="$u" -v s="$s" 'BEGIN{printf "%.2f", u + s}') rss_mb=$((kb / 1024)) lag_median=$lmed lag_max=$lmax record_bytes=$(awk -v n="${recs:-0}" -v b="${rbytes:-0}" 'BEGIN{printf "%.0f", n ? b / n : 0}')"
 		echo "$line" >>"$raw"
 		echo "$line" >&2
 		psql -c "SELECT pg_drop_replication_slot('s$n')" >/dev/null
@@ -155,16 +170,17 @@ for line in open(sys.argv[1]):
     v, *kv = line.split()
     d = dict(x.split("=") for x in kv)
     rows.setdefault(v, []).append({k: float(x) for k, x in d.items()})
-cols = ["secs", "rows_per_s", "client_cpu", "rss_mb", "lag_median", "lag_max"]
+cols = ["secs", "rows_per_s", "client_cpu", "rss_mb", "lag_median", "lag_max", "record_bytes"]
 print("| variant | runs | " + " | ".join(cols) + " |")
 print("|---|---:|" + "---:|" * len(cols))
 for v, rs in rows.items():
     cells = []
     for c in cols:
-        xs = [r[c] for r in rs]
+        xs = [r.get(c, 0) for r in rs]
         cells.append(f"{statistics.median(xs):g} ({min(xs):g}–{max(xs):g})")
     print(f"| {v} | {len(rs)} | " + " | ".join(cells) + " |")
 print(f"\n{int(sys.argv[2]):,} rows in the table; a writer at {sys.argv[3]} transactions/s "
       "throughout; median (min–max). rows_per_s: snapshot rows written to Kafka per second "
-      "of the run; lag: pgwal_lag_seconds sampled each second (0 for copy-null).")
+      "of the run; lag: pgwal_lag_seconds sampled each second (0 for copy-null); record_bytes: "
+      "key and value bytes per record the sink wrote (0 for copy-null).")
 EOF

@@ -318,3 +318,149 @@ pub fn read_all(addr: &str, topics: &[&str], isolation: &str) -> Vec<Consumed> {
     }
     out
 }
+
+fn registry_tool() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tools/schema-registry-server")
+}
+
+/// Whether a schema registry can be started: a JDK, and the registry
+/// built already (.build/schema-registry/VERSION/app) or Maven to build it.
+pub fn have_registry() -> bool {
+    let built = std::fs::read_dir(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.build/schema-registry"),
+    )
+    .map(|d| {
+        d.flatten()
+            .any(|e| e.path().join("app/.complete").is_file())
+    })
+    .unwrap_or(false);
+    have_java() && (built || Command::new("mvn").arg("-v").output().is_ok())
+}
+
+/// A schema registry with Confluent's REST API (tools/schema-registry-server:
+/// Apicurio Registry, in-memory storage) in a directory of its own,
+/// stopped and the directory removed when dropped.
+pub struct Registry {
+    /// The Confluent API's base URL, e.g.
+    /// `http://127.0.0.1:30000/apis/ccompat/v7`.
+    pub url: String,
+    dir: PathBuf,
+}
+
+impl Registry {
+    /// A registry on a free port of 127.0.0.1 (built first if it is not).
+    pub fn start(label: &str) -> Registry {
+        use std::sync::atomic::{AtomicU16, Ordering};
+        // tests of one process share its pid: each start takes the next
+        // candidate port, so that two at once do not pick the same one
+        static NEXT: AtomicU16 = AtomicU16::new(0);
+        let dir =
+            std::env::temp_dir().join(format!("pgwal-registry-{label}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut last = String::new();
+        for _ in 0..5 {
+            // above the brokers' ports (15000..30000), below the ephemeral range
+            let first =
+                (std::process::id() % 1000) as u16 * 2 + NEXT.fetch_add(1, Ordering::Relaxed);
+            let port = (0..2700)
+                .map(|i| 30_000 + (first + i) % 2700)
+                .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+                .expect("a free port in 30000..32700");
+            NEXT.fetch_add(1, Ordering::Relaxed);
+            let out = Command::new(registry_tool())
+                .arg("start")
+                .arg(&dir)
+                .arg(port.to_string())
+                .output()
+                .unwrap();
+            if out.status.success() {
+                let url = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+                return Registry { url, dir };
+            }
+            last = String::from_utf8_lossy(&out.stderr).into_owned();
+            // another process took the port meanwhile: the next one
+            if !last.contains("is in use") {
+                break;
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        let log = std::fs::read_to_string(dir.join("registry.log")).unwrap_or_default();
+        let _ = std::fs::remove_dir_all(&dir);
+        panic!("schema-registry-server start: {last}\n--- registry log ---\n{log}");
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = Command::new(registry_tool())
+            .arg("stop")
+            .arg(&self.dir)
+            .status();
+        if std::thread::panicking() {
+            if let Ok(log) = std::fs::read_to_string(self.dir.join("registry.log")) {
+                let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                eprintln!("--- registry log (tail) ---");
+                for l in tail.iter().rev() {
+                    eprintln!("{l}");
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Every record of `topics` on the brokers `addr`, read_committed, up to
+/// the ends as known at the start, with keys and values deserialised by
+/// Confluent's Python client (its AvroDeserializer, with the registry whose
+/// Confluent API is at `registry`): tools/schema-registry/avro_consume.py,
+/// one JSON object per record, in topic (as given), partition and offset
+/// order, with `topic`, `partition`, `offset`, `key`, `value`,
+/// `key_schema_id` and `value_schema_id` (null for a null key or value).
+/// Panics with the consumer's account when a record is not in Confluent's
+/// framing or does not deserialise.
+pub fn avro_read_all(addr: &str, registry: &str, topics: &[&str]) -> Vec<serde_json::Value> {
+    static PYTHON: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    if topics.is_empty() {
+        return Vec::new();
+    }
+    // the consumer's venv (made once, with Confluent's client)
+    let python = PYTHON.get_or_init(|| {
+        let out = Command::new(registry_tool())
+            .arg("consumer-env")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "schema-registry-server consumer-env: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    });
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tools/schema-registry/avro_consume.py");
+    let out = Command::new(python)
+        .arg(&script)
+        .args([
+            "--brokers",
+            addr,
+            "--registry",
+            registry,
+            "--timeout",
+            "120",
+        ])
+        .args(topics)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "avro_consume.py {topics:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("avro_consume.py printed {l:?}: {e}"))
+        })
+        .collect()
+}
