@@ -106,7 +106,7 @@ impl AvroSchema {
 
     /// The Avro binary datum of `payload` (no framing).
     pub fn datum(&self, payload: &Value) -> Result<Vec<u8>, AvroError> {
-        let value = datum_of(&self.connect, payload, "")?;
+        let value = datum_of(&self.connect, payload, At::Top)?;
         let writer = GenericDatumWriter::builder(&self.schema)
             .build()
             .map_err(Box::new)?;
@@ -281,15 +281,35 @@ fn optional_schema(s: &Value, defined: &mut HashSet<String>, at: &str) -> Result
     })
 }
 
+/// Where a payload value is, rendered only for an error (a string per
+/// field and record would cost more than the encoding).
+#[derive(Clone, Copy)]
+enum At<'a> {
+    Top,
+    Field(&'a At<'a>, &'a str),
+    Item(&'a At<'a>),
+}
+
+impl std::fmt::Display for At<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            At::Top => Ok(()),
+            At::Field(At::Top, name) => f.write_str(name),
+            At::Field(parent, name) => write!(f, "{parent}.{name}"),
+            At::Item(parent) => write!(f, "{parent}[]"),
+        }
+    }
+}
+
 /// The Avro value of a Connect payload, with its optionality.
-fn datum_of(s: &Value, v: &Value, at: &str) -> Result<Avro, AvroError> {
+fn datum_of(s: &Value, v: &Value, at: At<'_>) -> Result<Avro, AvroError> {
     if !optional(s) {
         if v.is_null() {
             if let Some(d) = s.get("default").filter(|d| !d.is_null()) {
                 return plain_datum(s, d, at);
             }
             return Err(AvroError::Payload {
-                field: at.to_owned(),
+                field: at.to_string(),
                 reason: "null in a required field".into(),
             });
         }
@@ -304,9 +324,9 @@ fn datum_of(s: &Value, v: &Value, at: &str) -> Result<Avro, AvroError> {
     })
 }
 
-fn plain_datum(s: &Value, v: &Value, at: &str) -> Result<Avro, AvroError> {
+fn plain_datum(s: &Value, v: &Value, at: At<'_>) -> Result<Avro, AvroError> {
     let bad = |reason: &str| AvroError::Payload {
-        field: at.to_owned(),
+        field: at.to_string(),
         reason: format!("{reason}: {v}"),
     };
     let float = |v: &Value| -> Option<f64> {
@@ -347,7 +367,7 @@ fn plain_datum(s: &Value, v: &Value, at: &str) -> Result<Avro, AvroError> {
                 v.as_array()
                     .ok_or_else(|| bad("not an array"))?
                     .iter()
-                    .map(|e| datum_of(items, e, &format!("{at}[]")))
+                    .map(|e| datum_of(items, e, At::Item(&at)))
                     .collect::<Result<_, _>>()?,
             )
         }
@@ -357,13 +377,8 @@ fn plain_datum(s: &Value, v: &Value, at: &str) -> Result<Avro, AvroError> {
             let mut out = Vec::with_capacity(fields.len());
             for f in fields {
                 let name = f.get("field").and_then(Value::as_str).unwrap_or_default();
-                let path = if at.is_empty() {
-                    name.to_owned()
-                } else {
-                    format!("{at}.{name}")
-                };
                 let fv = o.get(name).unwrap_or(&Value::Null);
-                out.push((adjust_name(name), datum_of(f, fv, &path)?));
+                out.push((adjust_name(name), datum_of(f, fv, At::Field(&at, name))?));
             }
             Avro::Record(out)
         }
