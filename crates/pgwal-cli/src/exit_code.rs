@@ -14,6 +14,8 @@
 use std::error::Error as StdError;
 use std::process::ExitCode;
 
+use pgwal_kafka::avro_converter::ConvertError;
+use pgwal_kafka::registry::RegistryError;
 use pgwal_kafka::snapshot::SnapshotError;
 use pgwal_kafka::SinkError;
 
@@ -44,6 +46,17 @@ fn class(e: &(dyn StdError + 'static)) -> u8 {
             SinkError::Snapshot(SnapshotError::Postgres(e)) => postgres(e),
             SinkError::Kafka { .. } | SinkError::KafkaNeverConnected { .. } => RETRIES,
             SinkError::Format(_) | SinkError::BadRecord { .. } => UNWRITABLE,
+            SinkError::AvroNeedsConnectSchemas => CONFIG,
+            SinkError::Avro(ConvertError::Registry(e)) => match e {
+                RegistryError::Unreachable { .. } => RETRIES,
+                RegistryError::Refused {
+                    status: 401 | 403, ..
+                }
+                | RegistryError::Url { .. }
+                | RegistryError::CaFile { .. } => CONFIG,
+                _ => UNWRITABLE,
+            },
+            SinkError::Avro(_) => UNWRITABLE,
             _ => 1,
         };
     }

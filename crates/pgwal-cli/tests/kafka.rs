@@ -1876,10 +1876,11 @@ fn kafka_sink_avro_with_a_schema_registry() {
             .concat(),
         )
         .wait_code(Duration::from_secs(120));
-        assert_ne!(
+        // 5: a change that cannot be written (crates/README.md, exit statuses)
+        assert_eq!(
             code,
-            Some(0),
-            "{label}: the incompatible change was taken:\n{log}"
+            Some(5),
+            "{label}: the incompatible change was taken, or failed otherwise:\n{log}"
         );
         let subject = format!("refuses the new schema of subject \"{topic}-value\"");
         assert!(log.contains(&subject), "{label}: {subject} not in:\n{log}");
@@ -2095,8 +2096,10 @@ fn kafka_sink_snapshot_while_written_and_killed() {
     let b = Broker::start("snapshot");
     let kafka = broker::sink_args(&b.addr, &[]);
     for (label, bin) in support::servers() {
-        // 15 (pgoutput v3) and 18; 17's v4 stream is 18's
-        if label == "pg17" {
+        // 15 (pgoutput v3) and 18; 17's v4 stream is 18's (CI's time):
+        // PGWAL_KAFKA_SNAPSHOT_ALL=1 runs it on 17 too
+        if label == "pg17" && std::env::var_os("PGWAL_KAFKA_SNAPSHOT_ALL").is_none() {
+            eprintln!("NOTICE: pg17 skipped (PGWAL_KAFKA_SNAPSHOT_ALL=1 runs it)");
             continue;
         }
         let t = Instant::now();
