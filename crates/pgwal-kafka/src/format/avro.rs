@@ -1,6 +1,6 @@
 //! Avro for Debezium's envelope, as Kafka Connect's Avro converter
 //! (Confluent's `AvroData`, which Debezium users run) writes it: the Kafka
-//! Connect schema of a key or value (see [`super::connect_schema`]) becomes
+//! Connect schema of a key or value (see the module `connect_schema`, `--kafka-json-schemas`) becomes
 //! an Avro schema, its payload an Avro datum of that schema.
 //!
 //! The mapping, as `AvroData`'s:
