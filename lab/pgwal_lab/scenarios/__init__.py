@@ -96,9 +96,10 @@ def method_conf(params: dict) -> MethodConf:
                       warmup=float(params["warmup"]), settle=float(params["settle"]),
                       reset_data=as_bool(params.get("reset_data", False), "reset_data"),
                       # fresh processes before every run; on by default when
-                      # a run switches builds (sync-modes baseline=stock)
+                      # a run switches builds (baseline=stock, compare_bin)
                       restart=as_bool(params.get("restart", str(params.get("baseline") or "none") not in
-                                                 ("none", "off", "")), "restart"),
+                                                 ("none", "off", "") or bool(params.get("compare_bin"))),
+                                      "restart"),
                       vacuum=as_bool(params.get("vacuum", True), "vacuum"),
                       wait_sample_s=float(params.get("wait_sample_s", 0.2)),
                       replay_probe_s=float(params.get("replay_probe_ms", 0)) / 1000)
@@ -144,6 +145,44 @@ def baseline_build(params: dict, existing) -> Path | None:
     if read_build_info(bin_dir):
         raise LabError(f"baseline: {bin_dir} holds pgwal's patched build (PGWAL-BUILD), not stock")
     return bin_dir.resolve()
+
+
+def series_label(bin_dir: Path) -> str:
+    """A patched build's name in variant labels: the number of the last patch
+    it was built with, from its PGWAL-BUILD ("0044"), or its flavour."""
+    from ..proof import read_build_info
+
+    info = read_build_info(bin_dir)
+    patches = info.get("patches", "").split()
+    return patches[-1][:4] if patches else info.get("flavour", "patched")
+
+
+def compare_build(params: dict, bin_dir: Path, existing) -> Path | None:
+    """The bin dir of a second patched build to interleave with the build
+    under test (--set compare_bin=DIR, e.g. the series up to the patch before
+    the one measured: server/pg build --flavour bench --upto NNNN), or None.
+    Both must be patched builds (PGWAL-BUILD) with different series, so that
+    each variant's label, the last patch of its build, says which ran."""
+    which = params.get("compare_bin")
+    if not which:
+        return None
+    if existing:
+        raise LabError("compare_bin needs a lab-made cluster (both builds run its data directories)")
+    from ..proof import read_build_info
+
+    other = Path(str(which)).resolve()
+    if not (other / "postgres").exists():
+        raise LabError(f"compare_bin: no postgres in {other}")
+    mine, theirs = read_build_info(bin_dir), read_build_info(other)
+    if not theirs:
+        raise LabError(f"compare_bin: {other} is not a patched build (no PGWAL-BUILD); "
+                       "for stock PostgreSQL use --set baseline=stock")
+    if not mine:
+        raise LabError(f"compare_bin: the build under test, {bin_dir}, is not a patched build")
+    if mine.get("patches") == theirs.get("patches") or series_label(bin_dir) == series_label(other):
+        raise LabError(f"compare_bin: {other} was built with the same series as {bin_dir} "
+                       f"(last patch {series_label(other)})")
+    return other
 
 
 def baseline_levels(params: dict, default: str) -> list[str]:

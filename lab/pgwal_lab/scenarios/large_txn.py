@@ -22,14 +22,20 @@ no reply after the write, so remote_write then waited for the flush).
 --set baseline=stock adds the levels in baseline_levels (default
 remote_write) on the unpatched build of the same source (sync-modes
 explains the baseline); the patched standby then gets
-wal_receiver_accept_unflushed by ALTER SYSTEM in the patched variants only."""
+wal_receiver_accept_unflushed by ALTER SYSTEM in the patched variants only.
+
+--set compare_bin=DIR runs every patched variant on a second patched build
+too, interleaved (server/pg build --flavour bench --upto NNNN builds the
+series up to the patch before the one measured); each variant's name starts
+with the last patch of its build, e.g. '0044:remote_write+uw'.  Not with a
+baseline."""
 from __future__ import annotations
 
 from .. import topology
 from ..util import LabError
 from ..method import Variant
 from ..workloads import large_txn
-from . import Context, as_bool, as_list, baseline_build, baseline_levels, method_conf
+from . import Context, as_bool, as_list, baseline_build, baseline_levels, compare_build, method_conf, series_label
 
 NAME = "large-txn"
 DEFAULTS = {"levels": ["remote_write"], "net": "wan20", "clients": 32, "rows": 80, "row_bytes": 8000,
@@ -55,6 +61,9 @@ def run(ctx: Context, params: dict) -> list[dict]:
     if isinstance(params.get("primary_disk"), list):  # a custom spec, split at its commas by --set
         params["primary_disk"] = ",".join(params["primary_disk"])
     baseline = baseline_build(params, None)
+    compare = compare_build(params, ctx.bin_dir, None)
+    if compare and baseline:
+        raise LabError("compare_bin and baseline=stock together: run one comparison at a time")
     accept = {"wal_receiver_accept_unflushed": "on"} if "written" in modes else {}
     # without a baseline in every node's configuration; with one only in
     # the patched variants (the stock build does not know the setting)
@@ -84,14 +93,20 @@ def run(ctx: Context, params: dict) -> list[dict]:
             env["build"] = str(ctx.bin_dir)
             if accept:
                 env["standby_settings"] = accept
+        builds = [(None, ctx.bin_dir)]
+        if compare:
+            builds = [(series_label(compare), compare), (series_label(ctx.bin_dir), ctx.bin_dir)]
         for lvl in as_list(params["levels"]):
             for mode in modes:
                 settings = {"synchronous_commit": lvl}
                 if accept:
                     settings["stream_unflushed_wal"] = mode
                 name = lvl + ("+uw" if mode == "written" else "")
-                variants.append(Variant(f"pgwal:{name}" if baseline else name, group, wl,
-                                        int(params["clients"]), settings, dict(env),
-                                        {"level": lvl, "unflushed": mode,
-                                         **({"build": "pgwal"} if baseline else {})}))
+                for label, bin_dir in builds:
+                    build_env = dict(env)
+                    meta = {"level": lvl, "unflushed": mode, **({"build": "pgwal"} if baseline else {})}
+                    if label:
+                        build_env["build"], meta["build"] = str(bin_dir), label
+                    variants.append(Variant(f"{label}:{name}" if label else f"pgwal:{name}" if baseline else name,
+                                            group, wl, int(params["clients"]), settings, build_env, meta))
         return ctx.run_variants(cluster, NAME, variants, conf, wl, "primary + 1 sync standby", params)
