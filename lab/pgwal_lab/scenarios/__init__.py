@@ -161,8 +161,9 @@ def compare_build(params: dict, bin_dir: Path, existing) -> Path | None:
     """The bin dir of a second patched build to interleave with the build
     under test (--set compare_bin=DIR, e.g. the series up to the patch before
     the one measured: server/pg build --flavour bench --upto NNNN), or None.
-    Both must be patched builds (PGWAL-BUILD) with different series, so that
-    each variant's label, the last patch of its build, says which ran."""
+    Both must be patched builds (PGWAL-BUILD) whose series end in different
+    patches, so that each variant's label, the last patch of its build, says
+    which ran."""
     which = params.get("compare_bin")
     if not which:
         return None
@@ -179,9 +180,9 @@ def compare_build(params: dict, bin_dir: Path, existing) -> Path | None:
                        "for stock PostgreSQL use --set baseline=stock")
     if not mine:
         raise LabError(f"compare_bin: the build under test, {bin_dir}, is not a patched build")
-    if mine.get("patches") == theirs.get("patches") or series_label(bin_dir) == series_label(other):
+    if series_label(bin_dir) == series_label(other):
         raise LabError(f"compare_bin: {other} was built with the same series as {bin_dir} "
-                       f"(last patch {series_label(other)})")
+                       f"(both end in patch {series_label(other)})")
     return other
 
 
