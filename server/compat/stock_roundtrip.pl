@@ -10,7 +10,10 @@
 # two builds replicate to each other both ways, so that a patched standby
 # never sends a stock primary the receive position it would not understand,
 # and a stock standby releases remote_receive commits of a patched primary at
-# its write position.
+# its write position.  A stock standby of a patched primary that streams
+# unflushed WAL cannot follow the primary's timeline switch after a crash:
+# the primary warns when it connects, and refuses its request for the
+# skipped timeline's history file with a message that says why.
 #
 # server/pg test builds the unpatched flavour ("stock", .build/install/stock)
 # and runs this file with the recovery suite's harness, which puts the patched
@@ -174,7 +177,7 @@ $primary->backup('b2');
 # (Set after the backup: the stock standby would refuse the setting in the
 # postgresql.conf it copies.)
 $primary->append_conf('postgresql.conf',
-	"stream_unflushed_wal = written\nlog_replication_commands = on");
+	"stream_unflushed_wal = written\nlog_replication_commands = on\nfsync = on");
 $primary->restart;
 my $stock_standby = PostgreSQL::Test::Cluster->new('stock_standby');
 $stock_standby->init_from_backup($primary, 'b2', has_streaming => 1);
@@ -207,6 +210,48 @@ unlike(slurp_file($primary->logfile), qr/UNFLUSHED_WAL/,
 	'the stock standby never asked for unflushed WAL');
 ok(!-f $primary->data_dir . '/global/pg_unflushed_sent',
 	'the primary never sent unflushed WAL to the stock standby');
+# But it warns: the stock standby cannot follow the timeline switch that
+# follows a crash once the primary has sent unflushed WAL to another standby.
+ok( $primary->wait_for_log(
+		qr/WARNING:  standby "stock_standby" cannot follow this server's timeline switch after a crash/
+	),
+	'the primary warns that the stock standby cannot follow a crash switch');
+
+# A patched standby that accepts unflushed WAL joins, and the primary
+# crashes: it switches from timeline 1 to 3.  The patched standby follows;
+# the stock standby asks for the history file of the skipped timeline 2 and
+# is told why there is none.  (Commits from here on are local: the stock
+# synchronous standby will not acknowledge again.)
+my $accepting = PostgreSQL::Test::Cluster->new('accepting_standby');
+$accepting->init_from_backup($primary, 'b2', has_streaming => 1);
+$accepting->append_conf('postgresql.conf', 'wal_receiver_accept_unflushed = on');
+$accepting->start;
+$primary->poll_query_until('postgres', q[
+	SELECT send_mode = 'written' FROM pg_stat_replication
+	WHERE application_name = 'accepting_standby'])
+  or die 'the accepting standby is not sent unflushed WAL';
+$primary->stop('immediate');
+$primary->start;
+$primary->safe_psql('postgres', 'CHECKPOINT');
+is( $primary->safe_psql(
+		'postgres', 'SELECT timeline_id FROM pg_control_checkpoint()'),
+	'3',
+	'the crashed primary switched from timeline 1 to 3');
+$primary->safe_psql('postgres',
+	"SET synchronous_commit = local; INSERT INTO t VALUES (3, 'timeline 3')");
+ok($accepting->poll_query_until('postgres', 'SELECT count(*) = 3 FROM t'),
+	'the patched standby follows the crash switch');
+ok( $stock_standby->wait_for_log(
+		qr/could not receive timeline history file from the primary server: ERROR:  timeline 2 is not in this server's history/
+	),
+	'the stock standby cannot follow it, and its log says why');
+is($stock_standby->safe_psql('postgres', 'SELECT count(*) FROM t'),
+	'2', 'the stock standby stays on timeline 1');
+unlike(
+	slurp_file($primary->logfile),
+	qr/standby "accepting_standby" cannot follow/,
+	'no warning about the patched standby');
+$accepting->stop;
 $stock_standby->stop;
 $primary->stop;
 
