@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import time
@@ -169,6 +170,27 @@ def latency_summary(lat_us: np.ndarray) -> dict:
             "lat_p99_ms": float(np.percentile(lat_us, 99) / 1000)}
 
 
+def failure_context(node) -> str:
+    """What the servers of `node`'s cluster say about a failed run: each
+    node's PANIC, FATAL, TRAP and 'terminated by signal' lines (the last
+    ten) and the free space on its disk.  A client's error alone reads the
+    same for a full pg_wal and a crash.  Empty for clusters the lab did not
+    start (no server log to read)."""
+    cluster = getattr(node, "cluster", None)
+    nodes = list(cluster.nodes.values()) if cluster is not None else []
+    parts = []
+    for n in nodes:
+        lines = [ln for ln in n.log_tail(2000).splitlines()
+                 if any(k in ln for k in ("PANIC:", "FATAL:", "TRAP:", "terminated by signal"))]
+        try:
+            du = shutil.disk_usage(n.datadir)
+            disk = f"{du.free / 2**20:.0f} MB free of {du.total / 2**20:.0f} MB"
+        except OSError:
+            disk = "disk not mounted"
+        parts.append(f"\n--- {n.name}: {disk}" + ("".join(f"\n  {ln}" for ln in lines[-10:]) or "\n  (no PANIC, FATAL or TRAP in its log)"))
+    return "".join(parts)
+
+
 def run_pgbench(node, pg_bin: Path, wl: Workload, clients: int, duration: float | None = None,
                 transactions: int | None = None, threads: int | None = None, log: bool = True,
                 extra: list[str] | None = None, timeout: float | None = None, env: dict | None = None) -> dict:
@@ -201,7 +223,7 @@ def run_pgbench(node, pg_bin: Path, wl: Workload, clients: int, duration: float 
         except subprocess.TimeoutExpired as e:
             raise LabError(f"pgbench exceeded {limit}s") from e
         if p.returncode != 0:
-            raise LabError(f"pgbench failed ({p.returncode}): {p.stderr[-1500:]}")
+            raise LabError(f"pgbench failed ({p.returncode}): {p.stderr[-1500:]}{failure_context(node)}")
         m = _TPS.search(p.stdout) or _TPS_ANY.search(p.stdout)
         res = {"tps": float(m.group(1)) if m else None,
                "transactions": int(_XACTS.search(p.stdout).group(1)) if _XACTS.search(p.stdout) else None,

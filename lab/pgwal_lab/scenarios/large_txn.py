@@ -9,6 +9,9 @@ latter with the primary sending written WAL before its fsync; the standby
 accepts it in both (wal_receiver_accept_unflushed = on), so the two differ
 only in the primary's setting.  primary_disk: a disk profile or a custom
 shim spec such as "fsync=2000,match=pg_wal" (the primary's WAL fsync cost).
+disk_mb: the size of each node's emulated disk (default 3072); the defaults
+write a few hundred MB per run, but rows that TOAST cannot compress (to fill
+the WAL buffers) write GBs, and a full pg_wal stops the primary.
 
 commit_apart=true runs BEGIN, INSERT and COMMIT as separate statements and
 times each (pgbench -r): the report then compares each variant's COMMIT
@@ -40,7 +43,8 @@ from . import Context, as_bool, as_list, baseline_build, baseline_levels, compar
 NAME = "large-txn"
 DEFAULTS = {"levels": ["remote_write"], "net": "wan20", "clients": 32, "rows": 80, "row_bytes": 8000,
             "tables": 32, "iterations": 10, "duration": 30, "warmup": 5, "settle": 10, "reset_data": True,
-            "unflushed": "auto", "primary_disk": "nvme", "commit_apart": False, "reply_events": None}
+            "unflushed": "auto", "primary_disk": "nvme", "commit_apart": False, "reply_events": None,
+            "disk_mb": None}
 SMOKE = {"net": "lan", "clients": 4, "rows": 10, "tables": 4, "iterations": 1, "duration": 1, "warmup": 0,
          "settle": 0}
 
@@ -77,6 +81,8 @@ def run(ctx: Context, params: dict) -> list[dict]:
     spec = topology.ClusterSpec(bin_dir=baseline or ctx.bin_dir, primary_disk=params.get("primary_disk", "nvme"),
                                 standbys=[topology.StandbySpec("s1", sync=True, disk="nvme", net=params["net"])],
                                 settings=extra)
+    if params.get("disk_mb"):
+        spec.disk_mb = int(params["disk_mb"])
     wl = large_txn(int(params["rows"]), int(params["row_bytes"]), int(params["tables"]),
                    commit_apart=as_bool(params.get("commit_apart", False), "commit_apart"))
     conf = method_conf(params)
