@@ -7,9 +7,14 @@
 #
 # The packages are Debian's own postgresql-18 source package, the one the
 # build tree is imported from (.build/cache), with server/patches/ appended
-# to debian/patches/series and a changelog entry whose version sorts above
-# the stock package's (18.6-3 -> 18.6-3+pgwalN, N counting the commits that
-# changed server/patches).  --stock builds the same source without the
+# to debian/patches/series and a changelog entry whose version carries the
+# epoch 1 (18.6-3 -> 1:18.6-3+pgwalN, N counting the commits that changed
+# server/patches): it sorts above every stock version, so a routine apt
+# upgrade never replaces the pgwal server by a newer stock one, which
+# would ignore the crash marker and the read horizon and refuse the pgwal
+# settings.  Going back is an explicit downgrade, which
+# pgwal-stock-guard, an apt hook the package ships, refuses while a cluster
+# depends on the pgwal server.  --stock builds the same source without the
 # series, as the stock packages to install over and go back to: Debian has
 # no postgresql-18 for its stable release, so they are built here too.
 #
@@ -118,11 +123,11 @@ package_prepare() {
 	chown -R "$("$top/tools/as-user" --ensure):" "$pkg_dir"
 }
 
-# The version of the patched packages: the Debian version plus +pgwalN.
+# The version of the patched packages: epoch 1, the Debian version, +pgwalN.
 pgwal_package_version() {
 	local n
 	n=$(git -C "$top" -c safe.directory='*' rev-list --count HEAD -- server/patches 2>/dev/null || echo 1)
-	echo "$(debian_version)+pgwal${n}"
+	echo "1:$(debian_version)+pgwal${n}"
 }
 
 # Add the series to an unpacked source tree: debian/patches/pgwal/, the
@@ -137,6 +142,13 @@ add_series() {
 		items+="    - $(sed -n 's/^Subject: \(\[PATCH[^]]*\] \)\{0,1\}//p' "$patches/$f" | head -n1)"$'\n'
 		n=$((n + 1))
 	done
+	# the guard against an apt downgrade to stock, and its apt hook
+	cp "$top/server/debian/pgwal-stock-guard" "$top/server/debian/50pgwal-stock-guard" "$src/debian/pgwal/"
+	chmod 755 "$src/debian/pgwal/pgwal-stock-guard"
+	{
+		echo "debian/pgwal/pgwal-stock-guard => /usr/lib/postgresql/18/bin/pgwal-stock-guard"
+		echo "debian/pgwal/50pgwal-stock-guard => /etc/apt/apt.conf.d/50pgwal-stock-guard"
+	} >>"$src/debian/postgresql-18.install"
 	local commit dist
 	commit=$(git -C "$top" -c safe.directory='*' rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 	dist=$(. /etc/os-release && echo "${VERSION_CODENAME:-unstable}")
@@ -146,6 +158,9 @@ add_series() {
 		echo "  * pgwal: the $n patches of pgwal's server/patches (pgwal commit $commit),"
 		echo "    appended to debian/patches/series as debian/patches/pgwal/*:"
 		printf '%s' "$items"
+		echo "  * pgwal: /usr/lib/postgresql/18/bin/pgwal-stock-guard, run by apt"
+		echo "    (/etc/apt/apt.conf.d/50pgwal-stock-guard) before it replaces this"
+		echo "    server by a stock one, refuses while a cluster depends on it."
 		echo
 		echo " -- pgwal build <build@pgwal.invalid>  $(date -R)"
 		echo
