@@ -141,7 +141,7 @@ def apply_settings(cluster, settings: dict, timeout: float = 10) -> None:
 
 def check_send_mode(cluster, want: str, timeout: float = 10) -> None:
     """Prove that the primary's walsenders send WAL as the variant says
-    (pg_stat_replication.send_mode, patch 0010); a walsender picks up a
+    (pg_stat_replication.send_mode, patch 0008); a walsender picks up a
     reload when it next wakes, so WAL is written meanwhile."""
     deadline = time.monotonic() + timeout
     if not cluster.primary.scalar("SELECT count(*) FROM pg_attribute WHERE attrelid = "

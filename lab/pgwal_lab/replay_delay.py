@@ -17,12 +17,12 @@ unless asked for (MethodConf.replay_probe_s).
 
 The same standby query also reads where the WAL stood on its way (HOPS):
 written and flushed by the walreceiver, the primary's flush position it
-has heard (`upstream_flush_lsn`, patch 0008; NULL unless the stream
+has heard (`upstream_flush_lsn`, patch 0006; NULL unless the stream
 carries it), usable by the startup process, and replayed.  Each hop gets
 the same delay from the primary's flush, so a slow replay can be placed:
 waiting for the standby's own flush, for the primary's flush position, or
 for the replay itself.  No SQL function shows the usable position itself
-(`pg_last_wal_receive_lsn()` shows the local flush, uncapped, since 0008):
+(`pg_last_wal_receive_lsn()` shows the local flush, uncapped, since 0006):
 it is the lesser of the local flush and the heard primary flush, both read
 in the same row.
 

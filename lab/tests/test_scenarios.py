@@ -105,7 +105,7 @@ def test_unflushed_variants_and_commit_model_smoke(pg_bin, tmp_path):
     from pgwal_lab import topology
 
     if "stream_unflushed_wal" not in topology.server_settings_sample(pg_bin):
-        pytest.skip("this server has no stream_unflushed_wal (patch 0010)")
+        pytest.skip("this server has no stream_unflushed_wal (patch 0008)")
     records, out = run_scenario("sync-modes", pg_bin, {"workload": "simple-update", "unflushed": "off,on",
                                                         "levels": ["remote_write", "local"], "flush_worker": "off"},
                                 smoke=True, results=tmp_path / "b1", max_minutes=5, quiet=True)

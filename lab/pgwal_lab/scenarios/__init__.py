@@ -149,7 +149,7 @@ def baseline_build(params: dict, existing) -> Path | None:
 
 def series_label(bin_dir: Path) -> str:
     """A patched build's name in variant labels: the number of the last patch
-    it was built with, from its PGWAL-BUILD ("0044"), or its flavour."""
+    it was built with, from its PGWAL-BUILD ("0010"), or its flavour."""
     from ..proof import read_build_info
 
     info = read_build_info(bin_dir)

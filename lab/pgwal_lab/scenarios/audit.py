@@ -125,12 +125,12 @@ def _modifier_setting(level: str, node, modifier: str, guc: str, on: str, off: s
 
 
 def primary_settings(level: str, primary) -> dict:
-    """+uw: the primary streams WAL before flushing it (patch 0010)."""
+    """+uw: the primary streams WAL before flushing it (patch 0008)."""
     return _modifier_setting(level, primary, "+uw", "stream_unflushed_wal", "written", "off")
 
 
 def standby_settings(level: str, standby) -> dict:
-    """+flush_worker: the standby's walreceiver hands its fsyncs to a worker (0006)."""
+    """+flush_worker: the standby's walreceiver hands its fsyncs to a worker (0005)."""
     return _modifier_setting(level, standby, "+flush_worker", "wal_receiver_flush_worker", "on", "off")
 
 

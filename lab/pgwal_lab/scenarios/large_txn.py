@@ -4,7 +4,7 @@ remote_write: TPS, latency, WAL per transaction and WAL the walsender had to
 read back from disk (pg_stat_io, PostgreSQL 18+).
 
 unflushed=off|on|off,on (default auto: off,on when the server has
-stream_unflushed_wal, patch 0010): variants 'LEVEL' and 'LEVEL+uw', the
+stream_unflushed_wal, patch 0008): variants 'LEVEL' and 'LEVEL+uw', the
 latter with the primary sending written WAL before its fsync; the standby
 accepts it in both (wal_receiver_accept_unflushed = on), so the two differ
 only in the primary's setting.  primary_disk: a disk profile or a custom
@@ -30,7 +30,7 @@ wal_receiver_accept_unflushed by ALTER SYSTEM in the patched variants only.
 --set compare_bin=DIR runs every patched variant on a second patched build
 too, interleaved (server/pg build --flavour bench --upto NNNN builds the
 series up to the patch before the one measured); each variant's name starts
-with the last patch of its build, e.g. '0044:remote_write+uw'.  Not with a
+with the last patch of its build, e.g. '0010:remote_write+uw'.  Not with a
 baseline."""
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def unflushed_modes(bin_dir, param) -> list[str]:
         return ["off", "written"] if has_uw else ["off"]
     modes = ["written" if m == "on" else m for m in as_list(param)]
     if not has_uw and modes != ["off"]:
-        raise LabError("this server has no stream_unflushed_wal (patch 0010)")
+        raise LabError("this server has no stream_unflushed_wal (patch 0008)")
     return modes
 
 
@@ -74,7 +74,7 @@ def run(ctx: Context, params: dict) -> list[dict]:
     extra = {} if baseline else dict(accept)
     if params.get("reply_events"):
         if not topology.knows_setting(ctx.bin_dir, "wal_receiver_reply_events"):
-            raise LabError("this server has no wal_receiver_reply_events (patch 0002)")
+            raise LabError("this server has no wal_receiver_reply_events (patch 0003)")
         if baseline:
             raise LabError("reply_events with a baseline: the stock build has no such setting")
         extra["wal_receiver_reply_events"] = ", ".join(as_list(params["reply_events"]))

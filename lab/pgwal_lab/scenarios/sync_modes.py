@@ -15,7 +15,7 @@ Levels are discovered from pg_settings, so a patched server's new levels
 (e.g. remote_receive) join automatically.  --set workload=simple-update runs
 pgbench -N.  --set unflushed=off,on adds 'LEVEL+uw' variants of the levels
 that wait for the standby, with the primary's stream_unflushed_wal =
-written (patch 0010); the standby then accepts unflushed WAL in every
+written (patch 0008); the standby then accepts unflushed WAL in every
 variant, so the pairs differ only in the primary's setting.
 
 --set baseline=stock measures against what a user runs today: the levels
@@ -82,7 +82,7 @@ def run(ctx: Context, params: dict) -> list[dict]:
         settings["wal_receiver_accept_unflushed"] = "on"
     if params.get("reply_events"):
         if not topology.knows_setting(ctx.bin_dir, "wal_receiver_reply_events"):
-            raise LabError("this server has no wal_receiver_reply_events (patch 0002)")
+            raise LabError("this server has no wal_receiver_reply_events (patch 0003)")
         if baseline:
             raise LabError("reply_events with a baseline: the stock build has no such setting")
         settings["wal_receiver_reply_events"] = ", ".join(as_list(params["reply_events"]))

@@ -7,7 +7,7 @@ use crate::{DecodeError, Lsn};
 
 /// How far the WAL of the streamed timeline is durable on the server.
 ///
-/// Sent by pgwal's patched servers (0008 and later), only to clients that
+/// Sent by pgwal's patched servers (0006 and later), only to clients that
 /// asked with `START_REPLICATION … (UNFLUSHED_WAL)`, which they may only send
 /// to a server whose `replication_features` parameter lists `unflushed_wal`.
 /// Such a client promises not to treat WAL beyond `flush` as safe: the server
