@@ -20,6 +20,9 @@ Archive: no name in the shared archive was offered with two different byte
 strings (archive/conflicts is empty), and every archived segment that the
 primary holds complete is byte for byte the primary's: the archive never
 holds WAL the primary lost.
+Logs: no node logged a TRAP, a PANIC, a process killed by a signal or a
+crash-restart cycle since the last step (logscan.py); the explorer's faults
+cause none of them.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from ..audit import check
 from ..audit.ledger import Load
 from ..util import LabError, wait_for
 from .cluster import HistoryCluster, lsn_int, wait_accepting
+from .logscan import LogScanner
 
 START_S = 120    # crash recovery of a few hundred MB of WAL on a loaded 2-core machine
 CATCHUP_S = 60   # reconnect (retry interval 100 ms) and replay the step's WAL
@@ -147,3 +151,14 @@ def check_convergence(hc: HistoryCluster) -> dict:
         raise Failure(f"archive: segments differ from the primary's copy (WAL the primary lost): "
                       f"{', '.join(differ[:5])}")
     return {"rows": want[0], "timeline": tli, "archived": hc.archived(), "archive_compared": compared}
+
+
+def check_logs(hc: HistoryCluster, scanner: LogScanner) -> dict:
+    """What every node logged since the last scan (down nodes too: a node
+    that failed to come back may say why).  Raises Failure on a line the
+    explorer's faults never cause; returns the replication errors counted."""
+    findings, repl = scanner.scan(hc.c.nodes.values())
+    if findings:
+        raise Failure("log: " + "; ".join(str(f) for f in findings[:3])
+                      + (f" (and {len(findings) - 3} more)" if len(findings) > 3 else ""))
+    return {"replication_errors": repl}

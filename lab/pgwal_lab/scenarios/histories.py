@@ -26,6 +26,7 @@ from ..audit.ledger import READER_KINDS, SCHEMA
 from ..history import schedule as sched
 from ..history import shrink, verdict
 from ..history.cluster import HistoryCluster
+from ..history.logscan import LogScanner
 from ..history.steps import run_step
 from ..util import LabError
 from . import Context, as_list, sync_levels
@@ -76,6 +77,8 @@ def run_history(bin_dir, seed: int | None, steps_wanted: int, given: list | None
         out["server_version"] = hc.primary.scalar("SHOW server_version")
         out["proof"] = hc.proof
         verdict.check_liveness(hc)
+        scanner = LogScanner()
+        verdict.check_logs(hc, scanner)  # the start-up: judged too
         ledgers = []
         todo = list(given) if given is not None else None
         index = 0
@@ -108,6 +111,7 @@ def run_history(bin_dir, seed: int | None, steps_wanted: int, given: list | None
                 srec.update(verdict.check_ledgers(hc, ledgers, srec["label"]))
                 srec.update(verdict.check_liveness(hc))
                 srec.update(verdict.check_convergence(hc))
+                srec.update(verdict.check_logs(hc, scanner))
             except verdict.Failure as f:
                 out["failure"] = {"step": index, "kind": f.kind, "message": str(f)}
             except LabError as e:

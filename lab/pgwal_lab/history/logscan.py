@@ -1,0 +1,121 @@
+"""Reading every node's server log after every step of a history.
+
+A history can pass its safety and convergence checks while a server it ran
+on failed an assertion (a standby's startup process that TRAPs is restarted
+by its postmaster, and the cluster catches up), PANICked, or lost a process
+to a signal no fault sent.  The explorer's faults never produce such lines:
+a crash or power loss kills the node's whole process tree at once, so its
+postmaster logs nothing about it, and a failover crashes the old primary the
+same way.  So after every step each node's log lines written since the last
+scan are read and these fail the history:
+
+- `TRAP:` (an assertion failed; the check build has assertions);
+- `PANIC:`;
+- a process "terminated by signal" or "exited with exit code" that made the
+  postmaster reinitialize ("terminating any other active server processes",
+  "all server processes terminated; reinitializing"): a crash-restart cycle
+  nobody asked for.
+
+Replication processes' FATAL and ERROR lines are counted, not judged: a
+fault makes walreceivers and walsenders lose their streams on purpose.
+
+A power loss can take the log's unflushed tail with it, so a log shorter
+than at the last scan is read from its start again; lines seen before are
+skipped, so nothing is judged twice.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# a line the explorer's faults never cause: (kind, pattern)
+FAILING = (
+    ("trap", re.compile(r"\bTRAP: ")),
+    ("panic", re.compile(r"\bPANIC: ")),
+    ("crash-restart", re.compile(r"(terminating any other active server processes"
+                                 r"|all server processes terminated; reinitializing)")),
+    ("signal", re.compile(r"was terminated by signal \d+")),
+)
+# counted for the record: a stream lost, a replication command refused
+REPLICATION_ERROR = re.compile(
+    r"\b(FATAL|ERROR): .*(WAL stream|replication|walreceiver|walsender|timeline|upstream)", re.I)
+
+
+@dataclass
+class Finding:
+    node: str
+    kind: str
+    line: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} on {self.node}: {self.line.strip()[:240]}"
+
+
+@dataclass
+class NodeLog:
+    path: Path
+    offset: int = 0
+    seen: set = field(default_factory=set)
+
+    def new_lines(self) -> list[str]:
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return []
+        if size < self.offset:   # a power loss took the unflushed tail
+            self.offset = 0
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        # an incomplete last line is read at the next scan
+        cut = data.rfind(b"\n") + 1
+        self.offset += cut
+        out = []
+        for raw in data[:cut].splitlines():
+            h = hashlib.blake2b(raw, digest_size=12).digest()
+            if h in self.seen:
+                continue
+            self.seen.add(h)
+            out.append(raw.decode("utf-8", "replace"))
+        return out
+
+
+def classify(node: str, lines: list[str]) -> tuple[list[Finding], int]:
+    """The failing lines among `lines`, and the number of replication
+    errors."""
+    found: list[Finding] = []
+    repl = 0
+    for line in lines:
+        for kind, pat in FAILING:
+            if pat.search(line):
+                found.append(Finding(node, kind, line))
+                break
+        else:
+            if REPLICATION_ERROR.search(line):
+                repl += 1
+    return found, repl
+
+
+class LogScanner:
+    """One per history: remembers how far each node's log was read."""
+
+    def __init__(self):
+        self.logs: dict[str, NodeLog] = {}
+
+    def scan(self, nodes) -> tuple[list[Finding], dict]:
+        """Read what every node logged since the last scan.  `nodes` are
+        topology nodes (name, logfile).  Returns the failing lines and the
+        per-node count of replication errors."""
+        findings: list[Finding] = []
+        repl: dict = {}
+        for n in nodes:
+            log = self.logs.get(n.name)
+            if log is None or log.path != Path(n.logfile):
+                log = self.logs[n.name] = NodeLog(Path(n.logfile))
+            f, r = classify(n.name, log.new_lines())
+            findings += f
+            if r:
+                repl[n.name] = r
+        return findings, repl

@@ -1,0 +1,94 @@
+"""The history explorer's log verdict (history/logscan.py), on log files
+written here: which lines fail a history, that each line is judged once,
+and that a log a power loss cut short is read again from its start."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from pgwal_lab.history import verdict
+from pgwal_lab.history.logscan import LogScanner, classify
+
+QUIET = [
+    "2026-12-03 06:40:01.123 UTC [123] LOG:  database system is ready to accept connections",
+    "2026-12-03 06:40:02.001 UTC [130] FATAL:  could not receive data from WAL stream: server closed the connection unexpectedly",
+    "2026-12-03 06:40:02.500 UTC [131] LOG:  started streaming WAL from primary at 0/3000000 on timeline 3",
+    "2026-12-03 06:40:03.000 UTC [140] ERROR:  canceling statement due to user request",
+]
+
+
+@pytest.mark.parametrize("line,kind", [
+    ("TRAP: failed Assert(\"sentPtr <= SendRqstPtr\"), File: \"walsender.c\", Line: 3210, PID: 4242", "trap"),
+    ("2026-12-03 06:40:04 UTC [150] PANIC:  could not write to file \"pg_wal/xlogtemp.150\": No space left on device",
+     "panic"),
+    ("2026-12-03 06:40:05 UTC [100] LOG:  startup process (PID 151) was terminated by signal 6: Aborted", "signal"),
+    ("2026-12-03 06:40:05 UTC [100] LOG:  terminating any other active server processes", "crash-restart"),
+    ("2026-12-03 06:40:06 UTC [100] LOG:  all server processes terminated; reinitializing", "crash-restart"),
+])
+def test_failing_lines(line, kind):
+    found, _ = classify("n2", QUIET + [line])
+    assert [f.kind for f in found] == [kind]
+    assert "n2" in str(found[0])
+
+
+def test_quiet_log_passes_and_counts_replication_errors():
+    found, repl = classify("n3", QUIET)
+    assert found == []
+    assert repl == 1
+
+
+def _node(tmp_path, name="n1"):
+    return SimpleNamespace(name=name, logfile=tmp_path / f"{name}.log")
+
+
+def test_each_line_is_judged_once(tmp_path):
+    n = _node(tmp_path)
+    n.logfile.write_text("\n".join(QUIET) + "\n")
+    s = LogScanner()
+    assert s.scan([n])[0] == []
+    with open(n.logfile, "a") as f:
+        f.write("TRAP: failed Assert(\"false\"), File: \"x.c\", Line: 1, PID: 9\n")
+    found, _ = s.scan([n])
+    assert [f.kind for f in found] == ["trap"]
+    assert s.scan([n])[0] == []           # read already
+
+
+def test_incomplete_last_line_waits(tmp_path):
+    n = _node(tmp_path)
+    n.logfile.write_text(QUIET[0] + "\nTRAP: failed Ass")
+    s = LogScanner()
+    assert s.scan([n])[0] == []
+    with open(n.logfile, "a") as f:
+        f.write("ert(\"false\")\n")
+    assert [f.kind for f in s.scan([n])[0]] == ["trap"]
+
+
+def test_log_cut_short_by_a_power_loss_is_read_again(tmp_path):
+    n = _node(tmp_path)
+    n.logfile.write_text("\n".join(QUIET) + "\n")
+    s = LogScanner()
+    s.scan([n])
+    # the unflushed tail is gone, then the server writes on
+    n.logfile.write_text(QUIET[0] + "\n" + "2026-12-03 06:41:00 UTC [200] PANIC:  lost\n")
+    found, _ = s.scan([n])
+    assert [f.kind for f in found] == ["panic"]
+
+
+def test_missing_log_is_no_finding(tmp_path):
+    assert LogScanner().scan([_node(tmp_path, "n4")]) == ([], {})
+
+
+def test_verdict_fails_the_step(tmp_path):
+    n = _node(tmp_path, "n2")
+    n.logfile.write_text("\n".join(QUIET) + "\n")
+    hc = SimpleNamespace(c=SimpleNamespace(nodes={"n2": n}))
+    s = LogScanner()
+    assert verdict.check_logs(hc, s) == {"replication_errors": {"n2": 1}}
+    with open(n.logfile, "a") as f:
+        f.write("2026-12-03 06:42:00 UTC [100] LOG:  walreceiver process (PID 77) was terminated by signal 11: "
+                "Segmentation fault\n")
+    with pytest.raises(verdict.Failure) as e:
+        verdict.check_logs(hc, s)
+    assert e.value.kind == "log"
+    assert "signal 11" in str(e.value)
