@@ -143,6 +143,7 @@ add_series() {
 		n=$((n + 1))
 	done
 	# the guard against an apt downgrade to stock, and its apt hook
+	mkdir -p "$src/debian/pgwal"
 	cp "$top/server/debian/pgwal-stock-guard" "$top/server/debian/50pgwal-stock-guard" "$src/debian/pgwal/"
 	chmod 755 "$src/debian/pgwal/pgwal-stock-guard"
 	{
