@@ -365,6 +365,33 @@ class HistoryCluster:
                 ends[int(f[0])] = lsn_int(f[1])
         return ends
 
+    def history_mismatches(self) -> list[str]:
+        """Timeline history files of the primary's lineage (its current
+        timeline and every ancestor) that a live node or the archive holds
+        with other bytes than the primary.  A history file is copied verbatim
+        to every server that follows its timeline, so another copy under the
+        same name is another timeline with the same ID: two lineages a tool
+        comparing timeline IDs would take for one."""
+        p = self.primary
+        lineage = sorted(t for t in self._timeline_ends(p) if t > 1)
+        out = []
+        for tli in lineage:
+            name = f"{tli:08X}.history"
+            mine = p.datadir / "pg_wal" / name
+            if not mine.exists():
+                continue  # an ancestor's file a base backup left out: nothing to compare with
+            want = mine.read_bytes()
+            copies = [(n.name, n.datadir / "pg_wal" / name) for n in self.live() if n is not p]
+            copies.append(("the archive", self.archive / name))
+            for who, path in copies:
+                try:
+                    got = path.read_bytes()
+                except FileNotFoundError:
+                    continue  # a standby fetches a history file only when it follows
+                if got != want:
+                    out.append(f"{who} holds another {name} than the primary")
+        return out
+
     def archive_conflicts(self) -> list[str]:
         return sorted(p.name for p in (self.archive / "conflicts").iterdir())
 

@@ -14,8 +14,10 @@ accepts connections within START_S of the step's end, and every standby
 streams from its upstream and has replayed the primary's WAL within
 CATCHUP_S.  A former primary awaiting its rejoin is the only node allowed
 to be down.
-Convergence: every node then holds the same rows as the primary, and every
-standby receives the primary's timeline.
+Convergence: every node then holds the same rows as the primary, every
+standby receives the primary's timeline, and every history file of the
+primary's lineage that a live node or the archive holds has the primary's
+bytes (timelines are compared by content, not by number).
 Archive: no name in the shared archive was offered with two different byte
 strings (archive/conflicts is empty), and every archived segment that the
 primary holds complete is byte for byte the primary's: the archive never
@@ -143,6 +145,9 @@ def check_convergence(hc: HistoryCluster) -> dict:
         rtli = n.scalar("SELECT received_tli FROM pg_stat_wal_receiver")
         if rtli != tli:
             raise Failure(f"timeline: {n.name} receives timeline {rtli}, the primary is on {tli}")
+    mismatched = hc.history_mismatches()
+    if mismatched:
+        raise Failure(f"timeline: history files differ: {'; '.join(mismatched[:3])}")
     conflicts = hc.archive_conflicts()
     if conflicts:
         raise Failure(f"archive: the same name archived with other bytes: {', '.join(conflicts[:5])}")

@@ -1,6 +1,7 @@
-"""The history explorer's log verdict (history/logscan.py), on log files
-written here: which lines fail a history, that each line is judged once,
-and that a log a power loss cut short is read again from its start."""
+"""The history explorer's log and history-file verdicts (history/logscan.py,
+history/cluster.py), on files written here: which log lines fail a history,
+that each line is judged once, that a log a power loss cut short is read
+again from its start, and that history files are compared by content."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -92,3 +93,45 @@ def test_verdict_fails_the_step(tmp_path):
         verdict.check_logs(hc, s)
     assert e.value.kind == "log"
     assert "signal 11" in str(e.value)
+
+
+def test_history_files_are_compared_by_content(tmp_path):
+    """history_mismatches: a standby or the archive holding a history file of
+    the primary's lineage with other bytes (another timeline with the same
+    ID) is found; a standby that has not fetched it yet is not."""
+    from pgwal_lab.history.cluster import HistoryCluster
+
+    def node(name):
+        d = tmp_path / name / "data"
+        (d / "pg_wal").mkdir(parents=True)
+        return SimpleNamespace(name=name, datadir=d)
+
+    p, s1, s2 = node("n1"), node("n2"), node("n3")
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    h2 = b"1\t0/3000000\tno recovery target specified\n"
+    h3 = h2 + b"\n2\t0/5000000\tcrash recovery after sending unflushed WAL\n"
+    (p.datadir / "pg_wal" / "00000002.history").write_bytes(h2)
+    (p.datadir / "pg_wal" / "00000003.history").write_bytes(h3)
+    (s1.datadir / "pg_wal" / "00000002.history").write_bytes(h2)
+    (s1.datadir / "pg_wal" / "00000003.history").write_bytes(h3)
+    (archive / "00000003.history").write_bytes(h3)
+    class Cluster(HistoryCluster):
+        def __init__(self):  # no servers: only what history_mismatches reads
+            self.archive = archive
+
+        primary = property(lambda self: p)
+
+        def live(self):
+            return [p, s1, s2]
+
+        def _timeline_ends(self, _p):
+            return {3: 0, 2: 0x5000000, 1: 0x3000000}
+
+    hc = Cluster()
+    assert hc.history_mismatches() == []
+    (s2.datadir / "pg_wal" / "00000003.history").write_bytes(
+        h2 + b"\n2\t0/5000000\tno recovery target specified\n")
+    (archive / "00000002.history").write_bytes(b"1\t0/2000000\tno recovery target specified\n")
+    assert hc.history_mismatches() == ["the archive holds another 00000002.history than the primary",
+                                       "n3 holds another 00000003.history than the primary"]
