@@ -181,7 +181,11 @@ cmd_package() {
 		die "postgresql-common-dev >= 275 is not installed; run server/pg package as root once"
 	fi
 	# Both sets build in the same directory, so ccache reuses the objects of
-	# the files the series does not touch (the paths are in the flags).
+	# the files the series does not touch (the paths are in the flags); so
+	# one build at a time (a second one would unpack over the first's tree).
+	mkdir -p "$pkg_dir"
+	exec 8>"$pkg_dir/.build-lock"
+	flock -n 8 || die "another package build is running (lock: ${pkg_dir#$top/}/.build-lock)"
 	local src="$pkg_dir/build/postgresql-18-$(tarball_version)" out="$pkg_dir/$set"
 	unpack_source "$src"
 	local version
