@@ -358,6 +358,33 @@ def cmd_clean(args) -> int:
     return 0
 
 
+def cmd_mutants(args) -> int:
+    from . import mutants
+
+    chosen = mutants.load(args.only)
+    if args.list:
+        for m in chosen:
+            print(f"{m.name}: {m.breaks} ({', '.join(m.files)})")
+        return 0
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = Path(args.results) if args.results else results_dir(f"mutants-{stamp}")
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for m in chosen:
+        bin_dir = mutants.build(m)
+        r = mutants.hunt(m, bin_dir, args.budget, args.steps, args.seed, out / "logs")
+        results.append(r)
+        with open(out / "mutants.jsonl", "a") as f:
+            f.write(json.dumps(r) + "\n")
+        print(f"mutant {m.name}: " + (f"killed by history {r['seed']} step {r['step']} ({r['kind']}) "
+                                      f"after {r['histories']} histories" if r["killed"]
+                                      else f"SURVIVED {r['histories']} histories"), flush=True)
+    (out / "report.md").write_text(mutants.report(results))
+    print(mutants.report(results))
+    print(f"results in {out}")
+    return 0 if all(r["killed"] for r in results) else 3
+
+
 def cmd_build(args) -> int:
     print(shim.build(force=True))
     print(shim.build_probe(force=True))
@@ -430,6 +457,15 @@ def main(argv=None) -> int:
     c.add_argument("--force", action="store_true", help="also clusters whose owning process is still alive")
     c.set_defaults(fn=cmd_clean)
     sub.add_parser("build-shim", help="compile the LD_PRELOAD shim and its probe").set_defaults(fn=cmd_build)
+    mu = sub.add_parser("mutants", help="build the server with each mutant (lab/mutants/) and run histories "
+                                        "until a verdict fails; exit 3 if a mutant survives")
+    mu.add_argument("--only", nargs="+", metavar="NAME", help="these mutants (default: all)")
+    mu.add_argument("--budget", type=int, default=10, help="histories per mutant at most (default %(default)s)")
+    mu.add_argument("--steps", type=int, default=8, help="steps per history (default %(default)s)")
+    mu.add_argument("--seed", type=int, default=1, help="seed of the first history (default %(default)s)")
+    mu.add_argument("--results", help="results directory (default lab/results/mutants-TIME)")
+    mu.add_argument("--list", action="store_true", help="list the mutants and exit")
+    mu.set_defaults(fn=cmd_mutants)
     args = ap.parse_args(argv)
     try:
         return args.fn(args)

@@ -1,0 +1,160 @@
+"""Mutation testing of the history explorer: does it fail a broken server?
+
+A mutant (lab/mutants/NAME.diff) is a small change to the series' final
+tree that breaks one promise silently: the server starts, replicates and
+answers, and only the data tells.  For each mutant the server is built with
+it (a worktree of the build tree, .build/mutant/pg, built like the check
+flavour into .build/mutant/install/check), and histories are drawn from
+consecutive seeds until a verdict fails (the mutant is killed) or the
+budget is spent (it survives).  A surviving mutant is a finding about the
+explorer, not about the server: the explorer must be made to see it.
+
+The mutant proves itself before any history runs: the tree must differ from
+the series by exactly the mutant's diff, and the object file of every
+source file it touches must have been rebuilt after the diff was applied.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .util import AS_USER, LAB_DIR, REPO, LabError
+
+MUTANTS_DIR = LAB_DIR / "mutants"
+BUILD = REPO / ".build" / "mutant"
+
+
+@dataclass
+class Mutant:
+    name: str
+    path: Path
+    breaks: str     # the header's first line
+    catches: str    # which verdict should fail
+
+    @property
+    def files(self) -> list[str]:
+        return [ln.split(" b/", 1)[1] for ln in self.path.read_text().splitlines()
+                if ln.startswith("diff --git ")]
+
+
+def load(names: list[str] | None = None) -> list[Mutant]:
+    out = []
+    for p in sorted(MUTANTS_DIR.glob("*.diff")):
+        lines = p.read_text().splitlines()
+        breaks = lines[0].split(": ", 1)[1].rstrip(".") if lines and ": " in lines[0] else ""
+        catches = next((ln.split(": ", 1)[1].rstrip(".") for ln in lines if ln.startswith("A verdict should fail")),
+                       "")
+        out.append(Mutant(p.stem, p, breaks, catches))
+    if names:
+        unknown = set(names) - {m.name for m in out}
+        if unknown:
+            raise LabError(f"no such mutant: {', '.join(sorted(unknown))} (see {MUTANTS_DIR})")
+        out = [m for m in out if m.name in names]
+    return out
+
+
+def _user(*cmd, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([str(AS_USER), *map(str, cmd)], capture_output=True, text=True, **kw)
+
+
+def _git(tree: Path, *args) -> str:
+    r = _user("git", "-c", "safe.directory=*", "-C", tree, *args)
+    if r.returncode != 0:
+        raise LabError(f"git {' '.join(map(str, args))} in {tree}: {r.stderr.strip()[-500:]}")
+    return r.stdout
+
+
+def prepare_tree(m: Mutant) -> Path:
+    """The series' final tree with the mutant applied, in a worktree of the
+    build tree (.build/pg, branch pgwal)."""
+    main = REPO / ".build" / "pg"
+    if not (main / ".git").is_dir():
+        raise LabError("no build tree .build/pg: run server/pg build first")
+    tree = BUILD / "pg"
+    BUILD.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:  # the server user builds in it
+        subprocess.run(["chown", os.environ.get("PGWAL_USER", "pgwal") + ":", str(BUILD)], check=True)
+    if not (tree / ".git").exists():
+        _git(main, "worktree", "prune")
+        _git(main, "worktree", "add", "-q", "-f", "--detach", tree, "pgwal")
+    _git(tree, "checkout", "-q", "-f", "--detach", "pgwal")
+    _git(tree, "clean", "-q", "-fdx")
+    r = _user("git", "-c", "safe.directory=*", "-C", tree, "apply", m.path)
+    if r.returncode != 0:
+        raise LabError(f"mutant {m.name} does not apply to the series any more: {r.stderr.strip()[-300:]}")
+    changed = sorted(_git(tree, "diff", "--name-only").split())
+    if changed != sorted(m.files):
+        raise LabError(f"mutant {m.name}: the tree differs in {changed}, the diff names {m.files}")
+    # the server tool reads the source cache from the build directory it is given
+    cache = BUILD / "cache"
+    if not cache.exists():
+        cache.symlink_to(REPO / ".build" / "cache")
+    return tree
+
+
+def build(m: Mutant, log=print) -> Path:
+    """Build the mutant like the check flavour; returns its bin directory."""
+    tree = prepare_tree(m)
+    applied = time.time()
+    log(f"mutants: building {m.name} ({', '.join(m.files)})")
+    env = dict(os.environ, PGWAL_BUILD_DIR=str(BUILD))
+    r = subprocess.run([str(REPO / "server" / "pg"), "build", "--flavour", "check"], env=env,
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise LabError(f"mutant {m.name} does not build: {r.stderr.strip()[-800:]}")
+    obj = BUILD / "obj-check"
+    for f in m.files:
+        if not f.endswith(".c"):
+            continue
+        o = obj / (f[:-2] + ".o")
+        if not o.exists() or o.stat().st_mtime < applied:
+            raise LabError(f"mutant {m.name}: {o} was not rebuilt after the mutant was applied: "
+                           f"the build would not be the mutant")
+    return BUILD / "install" / "check" / "bin"
+
+
+def hunt(m: Mutant, bin_dir: Path, budget: int, steps: int, seed: int, logs_dir: Path | None,
+         log=print) -> dict:
+    """Histories from consecutive seeds until one fails (killed) or `budget`
+    ran.  A history that fails as a defect of the explorer (kind `lab`) does
+    not kill; it is counted."""
+    from .scenarios import histories
+
+    d = histories.DEFAULTS
+    res: dict = {"mutant": m.name, "breaks": m.breaks, "killed": False, "histories": 0, "lab_defects": 0,
+                 "seeds": []}
+    t0 = time.monotonic()
+    for i in range(budget):
+        h = histories.run_history(bin_dir, seed + i, steps, None, d["levels"], d["net"], d["wal_fsync_ms"],
+                                  logs_dir, log=log)
+        res["histories"] += 1
+        res["seeds"].append(seed + i)
+        f = h["failure"]
+        if f and f["kind"] == "lab":
+            res["lab_defects"] += 1
+            continue
+        if f:
+            res.update(killed=True, kind=f["kind"], message=f["message"][:400], seed=seed + i,
+                       step=f["step"], schedule=h["steps"][:f["step"]])
+            break
+    res["seconds"] = round(time.monotonic() - t0, 1)
+    return res
+
+
+
+def report(results: list[dict]) -> str:
+    """A Markdown table: kill rate and histories to kill per mutant."""
+    killed = [r for r in results if r["killed"]]
+    lines = [f"{len(killed)} of {len(results)} mutants killed.", "",
+             "| mutant | breaks | killed | histories | verdict | seed, step |", "|---|---|---|---|---|---|"]
+    for r in results:
+        runs = str(r["histories"])
+        if r["lab_defects"]:
+            runs += f" ({r['lab_defects']} lab defects)"
+        where = f"{r['seed']}, {r['step']}" if r["killed"] else ""
+        lines.append(f"| {r['mutant']} | {r['breaks']} | {'yes' if r['killed'] else '**survived**'} | "
+                     f"{runs} | {r.get('kind', '')} | {where} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,39 @@
+"""The explorer's mutants (lab/mutants/, pgwal_lab/mutants.py): each says what
+it breaks and which verdict should catch it, changes one promise in a few
+lines, and still applies to the series' final tree.  Building them and
+hunting them with histories takes hours: `pgwal-lab mutants` (not here)."""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from pgwal_lab import mutants
+from pgwal_lab.util import AS_USER, REPO
+
+ALL = mutants.load()
+
+
+def test_there_are_at_least_eight_and_each_says_what_it_breaks():
+    assert len(ALL) >= 8
+    for m in ALL:
+        text = m.path.read_text()
+        assert text.startswith(f"Mutant {m.name}: "), m.name
+        assert m.breaks and m.catches, m.name
+        assert m.files, f"{m.name} changes no file"
+        # small: one promise, a few lines
+        changed = [ln for ln in text.splitlines() if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+        assert 0 < len(changed) <= 12, f"{m.name} changes {len(changed)} lines"
+
+
+def test_unknown_mutant_is_refused():
+    with pytest.raises(mutants.LabError, match="no such mutant"):
+        mutants.load(["no-such-mutant"])
+
+
+@pytest.mark.skipif(not (REPO / ".build/pg/.git").is_dir(), reason="no build tree (server/pg build)")
+@pytest.mark.parametrize("m", ALL, ids=[m.name for m in ALL])
+def test_applies_to_the_series(m):
+    r = subprocess.run([str(AS_USER), "git", "-c", "safe.directory=*", "-C", str(REPO / ".build/pg"),
+                        "apply", "--check", str(m.path)], capture_output=True, text=True)
+    assert r.returncode == 0, f"{m.name} no longer applies: {r.stderr}"
