@@ -5,7 +5,7 @@ ledger workload runs at during it and its timing:
 
     kind[:target[:arg[:arg]]]@level/load_ms/moment_ms
 
-for example `failover:n3@on/800/0`, `rebuild:n4:n2:fetch@local/400/0`,
+for example `failover:n3@on/800/250`, `rebuild:n4:n2:fetch@local/400/0`,
 `uw:off@remote_write/500/0`.  A schedule is steps joined by spaces; it
 replays exactly (the explorer draws nothing else at random), and a step
 whose precondition no longer holds when replayed (a shrunk schedule may
@@ -28,8 +28,9 @@ KINDS = {
     "switch-power": (1, "pg_switch_wal() on the primary, then at once a power loss of a node"),
     "held-power": (1, "the primary's WAL fsyncs held for the moment, then its power lost (commits released "
                       "early are visible meanwhile)"),
-    "failover": (2, "power loss of the primary, a standby promoted, the others repointed (pg_rewind for a node "
-                    "that replayed past the fork); the old primary stays down until a rejoin"),
+    "failover": (2, "the primary's links stalled for the moment (commits in flight), then its power lost, a "
+                    "standby promoted, the others repointed (pg_rewind for a node that replayed past the fork); "
+                    "the old primary stays down until a rejoin"),
     "rejoin": (0, "a former primary rewound (pg_rewind) and started as a standby of the primary"),
     "partition": (1, "a standby's link cut for the moment (connections reset, reconnects refused), then healed"),
     "restart": (1, "a clean restart of a node (pg_ctl -m fast)"),
@@ -84,6 +85,12 @@ class State:
     has_uw: bool = True               # the server has stream_unflushed_wal
     has_fw: bool = True               # ... and wal_receiver_flush_worker
 
+    def sync_standby(self) -> str | None:
+        """The synchronous standby while all run: the primary's direct
+        standbys are its candidates in name order (FIRST 1)."""
+        direct = sorted(s for s, up in self.standbys.items() if up == self.primary)
+        return direct[0] if direct else None
+
     def below(self, name: str) -> set:
         """Nodes that follow `name`, directly or through a cascade."""
         out: set = set()
@@ -98,7 +105,7 @@ class State:
 
 
 def next_step(rng: random.Random, st: State, levels: list[str], load_ms=(300, 1500),
-              moment_ms=(50, 300), cut_ms=(100, 1000)) -> Step:
+              moment_ms=(50, 300), cut_ms=(100, 1000), stall_ms=(100, 500)) -> Step:
     """Draw the next step for the cluster as it is now.  A node down since a
     failover is rejoined soon (more often than not at the next step), and at
     most one node is down at a time, so that three nodes always serve."""
@@ -115,7 +122,15 @@ def next_step(rng: random.Random, st: State, levels: list[str], load_ms=(300, 15
         if kind == "held-power":
             return Step(kind, (st.primary,), level, load, rng.randint(*moment_ms))
         if kind == "failover" and not st.down and st.standbys:
-            return Step(kind, (rng.choice(sorted(st.standbys)),), level, load)
+            # mostly to the synchronous standby, where the levels promise
+            # something: a failover to another one is judged as promising nothing
+            sync = st.sync_standby()
+            target = sync if sync and rng.random() < 0.7 else rng.choice(sorted(st.standbys))
+            # the links stall this long before the power loss, so commits are
+            # in flight when it strikes; drawn from its own generator, so that
+            # a seed's other draws stay what they were before the stall
+            stall = random.Random(load * 1_000_003 + sum(map(ord, target))).randint(*stall_ms)
+            return Step(kind, (target,), level, load, stall)
         if kind == "partition" and st.standbys:
             return Step(kind, (rng.choice(sorted(st.standbys)),), level, load, rng.randint(*cut_ms))
         if kind == "uw" and st.has_uw:

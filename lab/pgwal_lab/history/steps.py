@@ -105,6 +105,14 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
                 faults.release(primary)
         elif step.kind == "failover":
             proxies = [s.proxy.pid for s in hc.standbys() if s.upstream is primary and s.proxy and s.proxy.pid]
+            if step.moment_ms:
+                # the primary's links stall while the load goes on: commits
+                # that must wait for a standby wait, and the power loss takes
+                # what the links hold (a server that answered them anyway
+                # loses them)
+                for pid in proxies:
+                    faults.stall(pid)
+                time.sleep(step.moment_ms / 1000)
             rec["undone"] = faults.crash([primary], power_loss=True, proxies=proxies,
                                          mark=lambda: setattr(load, "fault_at", time.monotonic()))[primary.name]
             rec.update(hc.promote(target))
