@@ -135,3 +135,22 @@ def test_history_files_are_compared_by_content(tmp_path):
     (archive / "00000002.history").write_bytes(b"1\t0/2000000\tno recovery target specified\n")
     assert hc.history_mismatches() == ["the archive holds another 00000002.history than the primary",
                                        "n3 holds another 00000003.history than the primary"]
+
+
+def test_full_named_segment_across_a_crash_switch_is_found(tmp_path):
+    """A crash switch archives the old timeline's last segment as .partial
+    only; the full name in the archive is WAL the primary may have lost.  A
+    promotion's switch is not judged, nor a switch at a segment start."""
+    from pgwal_lab.history.cluster import switch_segments_in, wal_file_name
+
+    assert wal_file_name(1, 0x5000000) == "000000010000000000000005"
+    assert wal_file_name(3, (1 << 32) + 0x2000010) == "000000030000000100000002"
+    history = ("1\t0/5123456\tno recovery target specified\n"
+               "\n2\t0/7ABCDEF\tcrash recovery after sending unflushed WAL\n"
+               "\n3\t0/9000000\tcrash recovery after sending unflushed WAL\n")
+    for name in ("000000010000000000000005", "000000020000000000000007.partial", "000000030000000000000009"):
+        (tmp_path / name).write_bytes(b"x")
+    assert switch_segments_in(history, tmp_path) == []
+    (tmp_path / "000000020000000000000007").write_bytes(b"x")
+    found = switch_segments_in(history, tmp_path)
+    assert len(found) == 1 and found[0].startswith("000000020000000000000007 (timeline 2 left at 0/7ABCDEF")

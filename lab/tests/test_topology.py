@@ -96,6 +96,7 @@ def test_network_namespaces_when_root(cluster):
     assert addr.startswith(topology.SUBNET + ".1.2")
 
 
+@pytest.mark.timing  # run apart from the crates' build: a latency under load
 def test_commit_latency_follows_link_delay(pg_bin):
     """End to end: with 5 ms each way to a sync standby, a remote_write
     commit takes one round trip (~10 ms) more than a local one."""
@@ -114,9 +115,10 @@ def test_commit_latency_follows_link_delay(pg_bin):
         print(f"\ncommit p50: local {lat['local']:.2f} ms, remote_write {lat['remote_write']:.2f} ms "
               f"(+{extra:.2f} ms for a 10 ms RTT link)")
         # Never less than the RTT. The upper bound only catches a delay applied
-        # twice (+20 ms): on a loaded 2-core box the standby's processing
-        # adds a few ms (12.7 seen while a server build ran).
-        assert 10.0 <= extra <= 15.0, lat
+        # twice (+20 ms or more): on a loaded 2-core box the standby's
+        # processing adds a few ms (12.7 seen while a server build ran, 16.0
+        # beside the crates' build in CI).
+        assert 10.0 <= extra < 19.0, lat
 
 
 def test_free_ports_avoid_the_ephemeral_range():

@@ -66,6 +66,29 @@ def lsn_int(lsn: str) -> int:
     return (int(hi, 16) << 32) | int(lo, 16)
 
 
+def wal_file_name(tli: int, lsn: int) -> str:
+    segno = lsn // WAL_SEGMENT
+    per_id = 0x100000000 // WAL_SEGMENT
+    return f"{tli:08X}{segno // per_id:08X}{segno % per_id:08X}"
+
+
+def switch_segments_in(history: str, archive: Path) -> list[str]:
+    """The names in `archive` of old-timeline segments across a crash
+    switch of `history` (a timeline history file's text)."""
+    out = []
+    for ln in history.splitlines():
+        f = ln.split("\t")
+        if len(f) < 3 or not f[0].strip().isdigit() or not f[2].startswith("crash recovery"):
+            continue
+        parent, at = int(f[0]), lsn_int(f[1].strip())
+        if at % WAL_SEGMENT == 0:
+            continue  # the switch point begins a segment: nothing of it is on the old timeline
+        name = wal_file_name(parent, at)
+        if (archive / name).exists():
+            out.append(f"{name} (timeline {parent} left at {f[1].strip()}: {f[2].strip()})")
+    return out
+
+
 class HistoryCluster:
     def __init__(self, bin_dir, settings: dict, net: str = "1ms", wal_fsync_ms: float = 1):
         disk = f"fsync={int(wal_fsync_ms * 1000)},match=pg_wal" if wal_fsync_ms else "tmpfs"
@@ -391,6 +414,18 @@ class HistoryCluster:
                 if got != want:
                     out.append(f"{who} holds another {name} than the primary")
         return out
+
+    def archive_switch_segments(self) -> list[str]:
+        """Segments of an old timeline archived under their full name across
+        the point where a crash switch left that timeline.  A crash switch
+        archives that segment as .partial only: WAL beyond the switch point
+        may be WAL the primary lost.  (A promotion is not judged: in stock
+        PostgreSQL the former primary may have archived its whole segment
+        before it went down.)"""
+        p = self.primary
+        tli = self.timeline(p)
+        text = p.scalar("SELECT pg_read_file(%s, 0, 1000000, true)", (f"pg_wal/{tli:08X}.history",)) or ""
+        return switch_segments_in(text, self.archive)
 
     def archive_conflicts(self) -> list[str]:
         return sorted(p.name for p in (self.archive / "conflicts").iterdir())

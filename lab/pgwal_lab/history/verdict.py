@@ -19,7 +19,8 @@ standby receives the primary's timeline, and every history file of the
 primary's lineage that a live node or the archive holds has the primary's
 bytes (timelines are compared by content, not by number).
 Archive: no name in the shared archive was offered with two different byte
-strings (archive/conflicts is empty), and every archived segment that the
+strings (archive/conflicts is empty), no segment of an old timeline across
+a crash switch is archived under its full name, and every archived segment that the
 primary holds complete is byte for byte the primary's: the archive never
 holds WAL the primary lost.
 Logs: no node logged a TRAP, a PANIC, a process killed by a signal or a
@@ -148,6 +149,10 @@ def check_convergence(hc: HistoryCluster) -> dict:
     mismatched = hc.history_mismatches()
     if mismatched:
         raise Failure(f"timeline: history files differ: {'; '.join(mismatched[:3])}")
+    across = hc.archive_switch_segments()
+    if across:
+        raise Failure(f"archive: an old timeline's segment across a crash switch archived under its full "
+                      f"name: {'; '.join(across[:3])}")
     conflicts = hc.archive_conflicts()
     if conflicts:
         raise Failure(f"archive: the same name archived with other bytes: {', '.join(conflicts[:5])}")
