@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .util import AS_USER, LAB_DIR, REPO, LabError
+from .util import LAB_DIR, REPO, LabError, chown_to_pg, run
 
 MUTANTS_DIR = LAB_DIR / "mutants"
 BUILD = REPO / ".build" / "mutant"
@@ -56,12 +56,8 @@ def load(names: list[str] | None = None) -> list[Mutant]:
     return out
 
 
-def _user(*cmd, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([str(AS_USER), *map(str, cmd)], capture_output=True, text=True, **kw)
-
-
 def _git(tree: Path, *args) -> str:
-    r = _user("git", "-c", "safe.directory=*", "-C", tree, *args)
+    r = run(["git", "-c", "safe.directory=*", "-C", tree, *args], as_pg=True, check=False, timeout=600)
     if r.returncode != 0:
         raise LabError(f"git {' '.join(map(str, args))} in {tree}: {r.stderr.strip()[-500:]}")
     return r.stdout
@@ -75,14 +71,14 @@ def prepare_tree(m: Mutant) -> Path:
         raise LabError("no build tree .build/pg: run server/pg build first")
     tree = BUILD / "pg"
     BUILD.mkdir(parents=True, exist_ok=True)
-    if os.geteuid() == 0:  # the server user builds in it
-        subprocess.run(["chown", os.environ.get("PGWAL_USER", "pgwal") + ":", str(BUILD)], check=True)
+    chown_to_pg(BUILD)  # the server user builds in it
     if not (tree / ".git").exists():
         _git(main, "worktree", "prune")
         _git(main, "worktree", "add", "-q", "-f", "--detach", tree, "pgwal")
     _git(tree, "checkout", "-q", "-f", "--detach", "pgwal")
     _git(tree, "clean", "-q", "-fdx")
-    r = _user("git", "-c", "safe.directory=*", "-C", tree, "apply", m.path)
+    r = run(["git", "-c", "safe.directory=*", "-C", tree, "apply", m.path], as_pg=True, check=False,
+            timeout=120)
     if r.returncode != 0:
         raise LabError(f"mutant {m.name} does not apply to the series any more: {r.stderr.strip()[-300:]}")
     changed = sorted(_git(tree, "diff", "--name-only").split())
