@@ -154,3 +154,47 @@ def test_full_named_segment_across_a_crash_switch_is_found(tmp_path):
     (tmp_path / "000000020000000000000007").write_bytes(b"x")
     found = switch_segments_in(history, tmp_path)
     assert len(found) == 1 and found[0].startswith("000000020000000000000007 (timeline 2 left at 0/7ABCDEF")
+
+
+def test_coverage_matrix_counts_steps_by_fault_role_features_and_level():
+    from pgwal_lab.history import report
+
+    records = [
+        {"steps": ["failover:n2@on/100/200", "power:n3@local/100/0"], "failure": {"step": 2},
+         "records": [{"step": 1, "text": "failover:n2@on/100/200", "label": "failover", "role": "sync",
+                      "features": "uw+accepts"},
+                     {"step": 2, "text": "power:n3@local/100/0", "label": "standby-power", "role": "potential",
+                      "features": "uw"}]},
+        # made before steps recorded their role: derived from the label
+        {"steps": ["failover:n3@on/100/0"],
+         "records": [{"step": 1, "text": "failover:n3@on/100/0", "label": "failover-async"}]},
+    ]
+    lines = report.coverage(records)
+    table = [line for line in lines if line.startswith("| failover") or line.startswith("| power")]
+    assert "| failover | not sync | ? |  | 1 | 1 |" in table
+    assert "| failover | sync | uw+accepts |  | 1 | 1 |" in table
+    assert "| power | potential | uw | 1 ✗ |  | 1 |" in table
+    assert lines[2].startswith("| fault | role | features | local | on | all |")
+
+
+def test_target_state_names_role_and_features():
+    from types import SimpleNamespace as NS
+
+    from pgwal_lab.history.schedule import Step
+    from pgwal_lab.history.steps import target_state
+
+    n1 = NS(name="n1", upstream=None, conf_extra={"stream_unflushed_wal": "written"})
+    n2 = NS(name="n2", upstream=n1, conf_extra={"wal_receiver_accept_unflushed": "on",
+                                                 "wal_receiver_flush_worker": "on"})
+    n3 = NS(name="n3", upstream=n1, conf_extra={"wal_receiver_accept_unflushed": "off"})
+    n4 = NS(name="n4", upstream=n3, conf_extra={"wal_receiver_accept_unflushed": "on"})
+    hc = NS(primary=n1, down=[], c=NS(nodes={n.name: n for n in (n1, n2, n3, n4)},
+                                      spec=NS(settings={"wal_receiver_flush_worker": "off"})))
+    assert target_state(hc, Step.parse("failover:n2@on/100/200"), "n2") == \
+        {"role": "sync", "features": "uw+accepts+fw"}
+    assert target_state(hc, Step.parse("power:n3@on/100/0"), "n2") == {"role": "potential", "features": "uw"}
+    assert target_state(hc, Step.parse("power:n4@on/100/0"), "n2") == {"role": "cascade",
+                                                                       "features": "uw+accepts"}
+    assert target_state(hc, Step.parse("kill:n1@on/100/0"), "n2") == {"role": "primary", "features": "uw"}
+    n1.conf_extra["stream_unflushed_wal"] = "off"
+    assert target_state(hc, Step.parse("power:n3@on/100/0"), "n2")["features"] == "-"

@@ -26,6 +26,7 @@ def section(records: list[dict]) -> list[str]:
     lines += ["", "| level | steps |", "|---|---|"]
     lines += [f"| {lvl} | {n} |" for lvl, n in sorted(levels.items())]
     labels = Counter(rec.get("label") for r in records for rec in r.get("records", []) if rec.get("label"))
+    lines += [""] + coverage(records)
     lines += ["", "Promises tested (a step's fault label: which acknowledgements it may not take): "
               + ", ".join(f"{k} {v}" for k, v in sorted(labels.items())), ""]
     # the controls: losses where the step's label allowed them show that the
@@ -52,3 +53,49 @@ def section(records: list[dict]) -> list[str]:
             lines.append(f"- node logs: {f['logs']}")
         lines.append("")
     return lines
+
+
+# fault labels of records made before steps recorded their target's role
+_ROLE_BY_LABEL = {"kill": "primary", "power": "primary", "held-power": "primary", "failover": "sync",
+                  "failover-async": "not sync", "standby-power": "standby"}
+
+
+def coverage(records: list[dict]) -> list[str]:
+    """The matrix of what ran: steps by fault kind, the role of the node it
+    hit, the features in effect there, and level; a cell whose step failed
+    its history is marked ✗.  Steps that hit no node are left out."""
+    cells: Counter = Counter()
+    failed: set = set()
+    for r in records:
+        fail_at = (r.get("failure") or {}).get("step")
+        for rec in r.get("records", []):
+            step = Step.parse(rec["text"])
+            if not step.args or step.kind in ("uw",):
+                continue
+            role = rec.get("role") or _ROLE_BY_LABEL.get(rec.get("label"), "?")
+            key = (step.kind, role, rec.get("features", "?"), step.level)
+            cells[key] += 1
+            if fail_at == rec.get("step"):
+                failed.add(key)
+    if not cells:
+        return []
+    levels = sorted({k[3] for k in cells}, key=_level_order)
+    rows = sorted({k[:3] for k in cells})
+    out = ["Coverage: steps by fault, the role of the node it hit when it began (`sync`: the standby the "
+           "primary's synchronous commits waited for; `potential`: another direct standby; `cascade`: "
+           "behind a standby), the features in effect there (`uw`: the primary streams unflushed WAL; "
+           "`accepts`: the standby takes it; `fw`: its flush worker is on; `?`: not recorded) and level. "
+           "✗ marks a cell with a failed step.", "",
+           "| fault | role | features | " + " | ".join(levels) + " | all |",
+           "|---|---|---|" + "---|" * (len(levels) + 1)]
+    for row in rows:
+        counts = [cells.get(row + (lvl,), 0) for lvl in levels]
+        marks = [f"{n}{' ✗' if row + (lvl,) in failed else ''}" if n else "" for n, lvl in zip(counts, levels)]
+        out.append(f"| {row[0]} | {row[1]} | {row[2]} | " + " | ".join(marks) + f" | {sum(counts)} |")
+    return out
+
+
+def _level_order(level: str) -> tuple:
+    order = ["off", "local", "local_non_durable_reads", "remote_receive", "remote_write", "on", "remote_apply"]
+    base = level.split("+")[0]
+    return (order.index(base) if base in order else len(order), level)

@@ -74,6 +74,43 @@ def label_of(hc: HistoryCluster, step: Step, sync_name: str | None) -> str:
     return "standby-power"
 
 
+def target_state(hc: HistoryCluster, step: Step, sync_name: str | None) -> dict:
+    """The role of the node a step acts on, and the features in effect there,
+    as the step begins: the report's coverage matrix counts steps by them."""
+    name = step.args[0] if step.args else None
+    node = hc.c.nodes.get(name) if name else None
+    if node is None:
+        return {"role": "cluster", "features": feature_state(hc, None)}
+    if name in hc.down:
+        role = "down"
+    elif node is hc.primary:
+        role = "primary"
+    elif name == sync_name:
+        role = "sync"
+    elif node.upstream is hc.primary:
+        role = "potential"
+    else:
+        role = "cascade"
+    return {"role": role, "features": feature_state(hc, node if role != "primary" else None)}
+
+
+def feature_state(hc: HistoryCluster, standby) -> str:
+    """'uw' when the primary streams unflushed WAL, then for a standby
+    'accepts' when it takes it and 'fw' when its flush worker is on; '-' for
+    none."""
+    parts = []
+    if hc.primary.conf_extra.get("stream_unflushed_wal", hc.c.spec.settings.get("stream_unflushed_wal")) \
+            == "written":
+        parts.append("uw")
+    if standby is not None:
+        extra = {**hc.c.spec.settings, **standby.conf_extra}
+        if extra.get("wal_receiver_accept_unflushed") == "on":
+            parts.append("accepts")
+        if extra.get("wal_receiver_flush_worker") == "on":
+            parts.append("fw")
+    return "+".join(parts) or "-"
+
+
 def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> dict:
     """Carry out `step` (the history's step `index`); returns its record
     without the verdict's parts (the caller judges)."""
@@ -84,7 +121,8 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
     label = label_of(hc, step, sync_name)
     load = Load(primary.conninfo(), index, session_settings(step.level, primary),
                 [r for r in READER_KINDS if r in readers])
-    rec: dict = {"step": index, "text": str(step), "label": label, "sync": sync_name}
+    rec: dict = {"step": index, "text": str(step), "label": label, "sync": sync_name,
+                 **target_state(hc, step, sync_name)}
     load.start()
     time.sleep(step.load_ms / 1000)
     target = hc.node(step.args[0]) if step.args and step.args[0] in hc.c.nodes else None
