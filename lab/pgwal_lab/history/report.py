@@ -70,7 +70,7 @@ def coverage(records: list[dict]) -> list[str]:
         fail_at = (r.get("failure") or {}).get("step")
         for rec in r.get("records", []):
             step = Step.parse(rec["text"])
-            if not step.args or step.kind in ("uw",):
+            if not step.args or step.kind == "uw":  # its argument is a setting, not a node
                 continue
             role = rec.get("role") or _ROLE_BY_LABEL.get(rec.get("label"), "?")
             key = (step.kind, role, rec.get("features", "?"), step.level)
@@ -96,6 +96,7 @@ def coverage(records: list[dict]) -> list[str]:
 
 
 def _level_order(level: str) -> tuple:
-    order = ["off", "local", "local_non_durable_reads", "remote_receive", "remote_write", "on", "remote_apply"]
+    from ..scenarios import LEVEL_ORDER
+
     base = level.split("+")[0]
-    return (order.index(base) if base in order else len(order), level)
+    return (LEVEL_ORDER.index(base) if base in LEVEL_ORDER else len(LEVEL_ORDER), level)
