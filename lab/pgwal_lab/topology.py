@@ -195,6 +195,7 @@ class Node(SqlNode):
         ]
         if self.is_primary:
             sync = [n.name for n in self.cluster.standbys if n.sync and n.upstream is self]
+            sync.sort(key=lambda name: name != getattr(self.cluster, "sync_first", None))
             if sync:
                 k = min(self.cluster.spec.num_sync, len(sync))
                 lines.append(f"synchronous_standby_names = "
@@ -368,6 +369,7 @@ class Cluster(ReplicationSet):
         self.root = workdir() / f"c-{self.id}"
         self.statefile = state_dir() / f"cluster-{self.id}.json"
         self.namespaces: list[str] = []
+        self.sync_first: str | None = None  # the synchronous candidate listed first, if not definition order
         self.nodes: dict[str, Node] = {}
         self.primary = Node(self, 0, spec.primary_name, None, spec.primary_disk)
         self.nodes[spec.primary_name] = self.primary

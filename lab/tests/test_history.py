@@ -44,6 +44,25 @@ def test_a_seed_draws_the_same_steps_and_only_applicable_ones():
     assert sched.applicable(sched.Step("rebuild", ("n4", "n3", "stream")), st) is None
 
 
+def test_a_sync_step_moves_the_synchronous_standby():
+    st = _state()
+    assert st.sync_standby() == "n2"
+    rng = random.Random(1)
+    drawn = {str(s).split("@")[0] for s in (sched.next_step(rng, st, LEVELS) for _ in range(300))}
+    # only another direct standby of the primary is made synchronous
+    assert "sync:n3" in drawn and not drawn & {"sync:n2", "sync:n4", "sync:n1"}
+    st.sync_first = "n3"
+    assert st.sync_standby() == "n3"
+    assert sched.applicable(sched.Step("sync", ("n4",)), st) == "n4 is not a standby of the primary"
+    assert sched.applicable(sched.Step("sync", ("n2",)), st) is None
+    # failovers mostly go to the synchronous standby, now n3
+    targets = [s.args[0] for s in (sched.next_step(rng, st, LEVELS) for _ in range(600)) if s.kind == "failover"]
+    assert targets.count("n3") > targets.count("n2")
+    # after a failover n3 may no longer be a direct standby: name order again
+    st = sched.State("n2", {"n1": "n2", "n4": "n2", "n3": "n4"}, sync_first="n3")
+    assert st.sync_standby() == "n1"
+
+
 def test_steps_that_no_longer_apply_are_named():
     st = sched.State("n2", {"n3": "n2", "n4": "n3"}, down=["n1"])
     assert "still down" in sched.applicable(sched.Step("failover", ("n3",)), st)
@@ -78,13 +97,18 @@ def _history(bin_dir, tmp_path, **params):
 
 
 def test_short_history_patched(pg_bin, tmp_path):
-    # a failover early: the cluster's roles move, and the others follow; it
-    # goes to the synchronous standby at remote_write with the links stalled
-    # first, so commits are in flight and none acknowledged may be lost
-    records = _history(pg_bin, tmp_path, seed=3, steps=5)
+    # n3, the standby that takes flushed WAL only, is made the synchronous
+    # one, then a failover to it at remote_receive with the links stalled
+    # first, so commits are in flight and none acknowledged may be lost; the
+    # cluster's roles move, and the others follow
+    records = _history(pg_bin, tmp_path, seed=239, steps=4)
     assert histories.failures(records) is None, histories.failures(records)
     (h,) = records
-    assert len(h["steps"]) >= 5 and h["steps"][2].startswith("failover:n2@remote_write/")
+    assert len(h["steps"]) >= 4 and h["steps"][0].startswith("sync:n3@")
+    assert h["steps"][1].startswith("failover:n3@remote_receive/")
+    failover = h["records"][1]
+    assert failover["sync"] == "n3" and failover["label"] == "failover" and failover["role"] == "sync"
+    assert failover["features"] == "uw"  # n3 does not accept unflushed WAL
     done = [r for r in h["records"] if "catch_up_s" in r]
     assert len(done) == len(h["steps"]) and sum(r["acked"] for r in done) > 0
 

@@ -196,12 +196,20 @@ class HistoryCluster:
         from .schedule import State
 
         return State(self.primary.name, {s.name: s.upstream.name for s in self.standbys()}, list(self.down),
-                     has_uw, has_fw)
+                     has_uw, has_fw, self.c.sync_first)
 
     def sync_standby(self) -> str | None:
         """The standby the primary's synchronous commits wait for now."""
         return self.primary.scalar("SELECT application_name FROM pg_stat_replication WHERE sync_state = 'sync' "
                                    "LIMIT 1")
+
+    def make_sync(self, node) -> None:
+        """Put a direct standby of the primary first among the synchronous
+        candidates, and wait until the primary's commits wait for it."""
+        self.c.sync_first = node.name
+        self.refresh_sync_names()
+        wait_for(lambda: self.sync_standby() == node.name, 60, f"{node.name} to become the synchronous standby",
+                 interval=0.2)
 
     def timeline(self, node=None) -> int:
         """The primary's (or a primary-to-be's) current timeline."""

@@ -38,6 +38,8 @@ KINDS = {
     "fw": (1, "a standby's wal_receiver_flush_worker turned on or off"),
     "rebuild": (1, "a standby replaced by a pg_basebackup of another standby (-X stream or -X fetch), following "
                    "the same upstream as before"),
+    "sync": (1, "another direct standby of the primary made its synchronous standby (put first among the "
+                "FIRST 1 candidates), so that failovers reach every standby's settings as the synchronous one"),
 }
 # the faults that crash a node while the workload runs
 CRASHES = ("kill", "power", "switch-power", "held-power", "failover")
@@ -84,11 +86,19 @@ class State:
     down: list = field(default_factory=list)  # former primaries awaiting a rejoin
     has_uw: bool = True               # the server has stream_unflushed_wal
     has_fw: bool = True               # ... and wal_receiver_flush_worker
+    sync_first: str | None = None     # the candidate a `sync` step put first
+
+    def direct(self) -> list:
+        """The primary's direct standbys, in name order."""
+        return sorted(s for s, up in self.standbys.items() if up == self.primary)
 
     def sync_standby(self) -> str | None:
         """The synchronous standby while all run: the primary's direct
-        standbys are its candidates in name order (FIRST 1)."""
-        direct = sorted(s for s, up in self.standbys.items() if up == self.primary)
+        standbys are its candidates (FIRST 1), the one a `sync` step chose
+        first, then the others in name order."""
+        direct = self.direct()
+        if self.sync_first in direct:
+            return self.sync_first
         return direct[0] if direct else None
 
     def below(self, name: str) -> set:
@@ -137,6 +147,10 @@ def next_step(rng: random.Random, st: State, levels: list[str], load_ms=(300, 15
             return Step(kind, (rng.choice(["written", "off"]),), level, load)
         if kind == "fw" and st.has_fw and st.standbys:
             return Step(kind, (rng.choice(sorted(st.standbys)), rng.choice(["on", "off"])), level, load)
+        if kind == "sync":
+            others = [s for s in st.direct() if s != st.sync_standby()]
+            if others:
+                return Step(kind, (rng.choice(others),), level, load)
         if kind == "rebuild":
             pairs = [(x, y) for x in sorted(st.standbys) for y in sorted(st.standbys)
                      if x != y and x not in _chain(st, y)]
@@ -177,6 +191,8 @@ def applicable(step: Step, st: State) -> str | None:
         if not st.has_fw:
             return "the server has no wal_receiver_flush_worker"
         return None if a and a[0] in st.standbys else f"{a[0] if a else '?'} is not a standby"
+    if step.kind == "sync":
+        return None if a and a[0] in st.direct() else f"{a[0] if a else '?'} is not a standby of the primary"
     if step.kind == "rebuild":
         if len(a) != 3 or a[0] not in st.standbys or a[1] not in st.standbys or a[0] == a[1]:
             return "needs two standbys"

@@ -185,6 +185,8 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
         target.conf_extra["wal_receiver_flush_worker"] = step.args[1]
         target.write_node_conf()
         target.sql("SELECT pg_reload_conf()")
+    elif step.kind == "sync":
+        hc.make_sync(target)
     elif step.kind == "rebuild":
         hc.rebuild(target, hc.node(step.args[1]), step.args[2])
     rec["load"] = load
