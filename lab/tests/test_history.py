@@ -58,6 +58,9 @@ def test_a_sync_step_moves_the_synchronous_standby():
     # failovers mostly go to the synchronous standby, now n3
     targets = [s.args[0] for s in (sched.next_step(rng, st, LEVELS) for _ in range(600)) if s.kind == "failover"]
     assert targets.count("n3") > targets.count("n2")
+    assert sched.applicable(sched.Step("failover-both", ("n4",)), st) is None
+    assert "still down" in sched.applicable(sched.Step("failover-both", ("n2",)),
+                                            sched.State("n3", {"n2": "n3"}, down=["n1"]))
     # after a failover n3 may no longer be a direct standby: name order again
     st = sched.State("n2", {"n1": "n2", "n4": "n2", "n3": "n4"}, sync_first="n3")
     assert st.sync_standby() == "n1"
@@ -101,16 +104,30 @@ def test_short_history_patched(pg_bin, tmp_path):
     # one, then a failover to it at remote_receive with the links stalled
     # first, so commits are in flight and none acknowledged may be lost; the
     # cluster's roles move, and the others follow
-    records = _history(pg_bin, tmp_path, seed=239, steps=4)
+    records = _history(pg_bin, tmp_path, seed=101, steps=4)
     assert histories.failures(records) is None, histories.failures(records)
     (h,) = records
     assert len(h["steps"]) >= 4 and h["steps"][0].startswith("sync:n3@")
-    assert h["steps"][1].startswith("failover:n3@remote_receive/")
-    failover = h["records"][1]
+    assert h["steps"][2].startswith("failover:n3@remote_receive/")
+    failover = h["records"][2]
     assert failover["sync"] == "n3" and failover["label"] == "failover" and failover["role"] == "sync"
     assert failover["features"] == "uw"  # n3 does not accept unflushed WAL
     done = [r for r in h["records"] if "catch_up_s" in r]
     assert len(done) == len(h["steps"]) and sum(r["acked"] for r in done) > 0
+
+
+def test_failover_with_the_standby_losing_power_too(pg_bin, tmp_path):
+    # the synchronous standby, with its flush worker on, loses power together
+    # with the primary while commits are in flight, restarts and is promoted:
+    # every commit acknowledged at `on` must be on it
+    records = _history(pg_bin, tmp_path, schedule="sync:n3@on/400/0 fw:n3:on@on/400/0 "
+                       "failover-both:n3@on/900/300")
+    assert histories.failures(records) is None, histories.failures(records)
+    (h,) = records
+    assert not h["skipped"]
+    step = h["records"][2]
+    assert step["label"] == "failover-both" and step["role"] == "sync" and step["features"] == "uw+fw"
+    assert "recovery_s" in step and step["acked"] > 0
 
 
 def test_short_history_stock(stock_bin, tmp_path):

@@ -31,6 +31,8 @@ KINDS = {
     "failover": (2, "the primary's links stalled for the moment (commits in flight), then its power lost, a "
                     "standby promoted, the others repointed (pg_rewind for a node that replayed past the fork); "
                     "the old primary stays down until a rejoin"),
+    "failover-both": (1, "as failover, but the standby loses power together with the primary: it restarts "
+                         "(crash recovery of its own WAL) before it is promoted"),
     "rejoin": (0, "a former primary rewound (pg_rewind) and started as a standby of the primary"),
     "partition": (1, "a standby's link cut for the moment (connections reset, reconnects refused), then healed"),
     "restart": (1, "a clean restart of a node (pg_ctl -m fast)"),
@@ -42,7 +44,7 @@ KINDS = {
                 "FIRST 1 candidates), so that failovers reach every standby's settings as the synchronous one"),
 }
 # the faults that crash a node while the workload runs
-CRASHES = ("kill", "power", "switch-power", "held-power", "failover")
+CRASHES = ("kill", "power", "switch-power", "held-power", "failover", "failover-both")
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,7 @@ def next_step(rng: random.Random, st: State, levels: list[str], load_ms=(300, 15
             return Step(kind, (rng.choice(live),), level, load)
         if kind == "held-power":
             return Step(kind, (st.primary,), level, load, rng.randint(*moment_ms))
-        if kind == "failover" and not st.down and st.standbys:
+        if kind in ("failover", "failover-both") and not st.down and st.standbys:
             # mostly to the synchronous standby, where the levels promise
             # something: a failover to another one is judged as promising nothing
             sync = st.sync_standby()
@@ -177,7 +179,7 @@ def applicable(step: Step, st: State) -> str | None:
         return None if a and a[0] in live else f"{a[0] if a else '?'} is not running"
     if step.kind == "held-power":
         return None if a and a[0] == st.primary else f"{a[0] if a else '?'} is not the primary"
-    if step.kind == "failover":
+    if step.kind in ("failover", "failover-both"):
         if st.down:
             return f"{st.down[0]} is still down"
         return None if a and a[0] in st.standbys else f"{a[0] if a else '?'} is not a standby"

@@ -10,8 +10,8 @@ down.  Then the verdict (verdict.py) judges the cluster.
 The fault label of a step says which promises it tests (audit/check.py):
 a crash of the primary is `kill` or `power`, of a standby `standby-power`
 (nothing a level acknowledged may go), a failover to the standby the commits
-waited for is `failover`, to another standby `failover-async`, and every
-other step `none`.
+waited for is `failover` (`failover-both` when that standby lost power too),
+to another standby `failover-async`, and every other step `none`.
 
 Only a fault of the primary (a crash, a failover) may end the primary's
 sessions with an error; after a standby's crash or a cut link they must
@@ -64,11 +64,11 @@ def _drop_garbled_lock_file(node) -> None:
 
 
 def label_of(hc: HistoryCluster, step: Step, sync_name: str | None) -> str:
-    if step.kind not in ("kill", "power", "switch-power", "held-power", "failover"):
+    if step.kind not in ("kill", "power", "switch-power", "held-power", "failover", "failover-both"):
         return verdict.NONE
     target = step.args[0]
-    if step.kind == "failover":
-        return "failover" if target == sync_name else verdict.ASYNC_FAILOVER
+    if step.kind in ("failover", "failover-both"):
+        return step.kind if target == sync_name else verdict.ASYNC_FAILOVER
     if target == hc.primary.name:
         return {"kill": "kill", "held-power": "held-power"}.get(step.kind, "power")
     return "standby-power"
@@ -141,8 +141,13 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
                 rec.update(_crash(hc, primary, True, load, before_start=lambda: faults.release(primary)))
             finally:
                 faults.release(primary)
-        elif step.kind == "failover":
+        elif step.kind in ("failover", "failover-both"):
             proxies = [s.proxy.pid for s in hc.standbys() if s.upstream is primary and s.proxy and s.proxy.pid]
+            crashed = [primary]
+            if step.kind == "failover-both":
+                # the target's own links die with it too
+                crashed.append(target)
+                proxies += [s.proxy.pid for s in hc.standbys() if s.upstream is target and s.proxy and s.proxy.pid]
             if step.moment_ms:
                 # the primary's links stall while the load goes on: commits
                 # that must wait for a standby wait, and the power loss takes
@@ -151,8 +156,16 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
                 for pid in proxies:
                     faults.stall(pid)
                 time.sleep(step.moment_ms / 1000)
-            rec["undone"] = faults.crash([primary], power_loss=True, proxies=proxies,
-                                         mark=lambda: setattr(load, "fault_at", time.monotonic()))[primary.name]
+            undone = faults.crash(crashed, power_loss=True, proxies=proxies,
+                                  mark=lambda: setattr(load, "fault_at", time.monotonic()))
+            rec["undone"] = undone[primary.name]
+            if step.kind == "failover-both":
+                rec["undone_target"] = undone[target.name]
+                for s in hc.standbys():
+                    if s.upstream is target and s.proxy and s.proxy.proc.poll() is not None:
+                        faults.heal(s)
+                _drop_garbled_lock_file(target)
+                rec["recovery_s"] = round(faults.start(target), 3)
             rec.update(hc.promote(target))
         elif step.kind == "partition":
             # a cut link delays the primary's commits, it must not fail them:

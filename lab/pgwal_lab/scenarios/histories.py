@@ -8,8 +8,10 @@ nodes' logs are kept next to the results, and with `shrink` on the schedule
 is cut down to a minimal one that still fails the same way
 (history/shrink.py), printed as the command that replays it.
 
-Levels: every synchronous_commit level the server has (sync_levels), each
-step at one drawn at random.  stream_unflushed_wal starts at `written`
+Levels: every synchronous_commit level the server has (sync_levels), and
+`on` with early release where the server has commit_early_release (the lock
+release then comes before both the local flush and the standby's
+acknowledgement), each step at one drawn at random.  stream_unflushed_wal starts at `written`
 and the flush workers off where the server has them; `uw` and `fw` steps
 change them.
 """
@@ -71,7 +73,12 @@ def run_history(bin_dir, seed: int | None, steps_wanted: int, given: list | None
     out: dict = {"seed": seed, "steps": [], "skipped": [], "failure": None}
     t0 = time.monotonic()
     with HistoryCluster(bin_dir, settings, net=net, wal_fsync_ms=wal_fsync_ms) as hc:
-        levels = sync_levels(hc.primary) if levels_param == "auto" else [str(x) for x in as_list(levels_param)]
+        if levels_param == "auto":
+            levels = sync_levels(hc.primary)
+            if "local_non_durable_reads" in levels:  # the server has commit_early_release
+                levels.insert(levels.index("on") + 1, "on+early_release")
+        else:
+            levels = [str(x) for x in as_list(levels_param)]
         readers = [r for r in READER_KINDS if r != "durable" or has_durable]
         hc.primary.sql(SCHEMA)
         out["server_version"] = hc.primary.scalar("SHOW server_version")
