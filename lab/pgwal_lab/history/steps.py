@@ -41,13 +41,19 @@ def _crash(hc: HistoryCluster, node, power_loss: bool, load: Load, before_start=
     # not (its commits wait for it), so errors then fail the step as `void`
     mark = (lambda: setattr(load, "fault_at", time.monotonic())) if node is hc.primary else None
     undone = faults.crash([node], power_loss=power_loss, proxies=proxies, mark=mark)
+    return {"recovery_s": _restart(hc, node, before_start), "undone": undone[node.name]}
+
+
+def _restart(hc: HistoryCluster, node, before_start=None) -> float:
+    """Start a crashed node again, with new proxies for the links its power
+    loss took down; returns the seconds its crash recovery took."""
     for s in hc.standbys():
         if s.upstream is node and s.proxy and s.proxy.proc.poll() is not None:
             faults.heal(s)
     if before_start:
         before_start()
     _drop_garbled_lock_file(node)
-    return {"recovery_s": round(faults.start(node), 3), "undone": undone[node.name]}
+    return round(faults.start(node), 3)
 
 
 def _drop_garbled_lock_file(node) -> None:
@@ -161,11 +167,7 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
             rec["undone"] = undone[primary.name]
             if step.kind == "failover-both":
                 rec["undone_target"] = undone[target.name]
-                for s in hc.standbys():
-                    if s.upstream is target and s.proxy and s.proxy.proc.poll() is not None:
-                        faults.heal(s)
-                _drop_garbled_lock_file(target)
-                rec["recovery_s"] = round(faults.start(target), 3)
+                rec["recovery_s"] = _restart(hc, target)
             rec.update(hc.promote(target))
         elif step.kind == "partition":
             # a cut link delays the primary's commits, it must not fail them:
