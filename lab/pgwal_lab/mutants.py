@@ -115,17 +115,21 @@ def build(m: Mutant, log=print) -> Path:
 def hunt(m: Mutant, bin_dir: Path, budget: int, steps: int, seed: int, logs_dir: Path | None,
          log=print) -> dict:
     """Histories from consecutive seeds until one fails (killed) or `budget`
-    ran.  A history that fails as a defect of the explorer (kind `lab`) does
-    not kill; it is counted."""
+    ran, their draws weighted toward the cells the hunt has not covered yet
+    (as a run of histories does).  A history that fails as a defect of the
+    explorer (kind `lab`) does not kill; it is counted."""
+    from collections import Counter
+
     from .scenarios import histories
 
     d = histories.DEFAULTS
     res: dict = {"mutant": m.name, "breaks": m.breaks, "killed": False, "histories": 0, "lab_defects": 0,
                  "seeds": []}
+    covered: Counter = Counter()
     t0 = time.monotonic()
     for i in range(budget):
         h = histories.run_history(bin_dir, seed + i, steps, None, d["levels"], d["net"], d["wal_fsync_ms"],
-                                  logs_dir, log=log)
+                                  logs_dir, log=log, covered=covered, choices=d["choices"])
         res["histories"] += 1
         res["seeds"].append(seed + i)
         f = h["failure"]

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from pgwal_lab import cleanup
-from pgwal_lab.util import default_pg_bin, netdelay_binary
+from pgwal_lab.util import REPO, default_pg_bin, netdelay_binary
 
 
 @pytest.fixture(scope="session")
@@ -24,6 +24,20 @@ def stock_bin() -> Path:
         if os.geteuid() == 0:
             pytest.fail(f"no stock server in {b}: lab/setup.sh should have installed postgresql-15")
         pytest.skip(f"no stock server in {b} (not root, so setup.sh could not install postgresql-15)")
+    return b
+
+
+@pytest.fixture(scope="session")
+def bench_bin() -> Path:
+    """The patched server built as the benchmarks run it (optimised, no
+    assertions): $PGWAL_LAB_BENCH_BIN, which tools/test-all sets after it
+    built that flavour, so there it must exist; else the checkout's."""
+    env = os.environ.get("PGWAL_LAB_BENCH_BIN")
+    b = Path(env) if env else REPO / ".build/install/bench/bin"
+    if not (b / "postgres").exists():
+        if env:
+            pytest.fail(f"no postgres in {b} (PGWAL_LAB_BENCH_BIN): the bench build failed?")
+        pytest.skip(f"no bench build in {b} (server/pg build --flavour bench)")
     return b
 
 

@@ -286,6 +286,10 @@ def test_promises_table():
     assert not check.reads_promised("local_non_durable_reads", "held-power", "plain")
     assert check.reads_promised("local_non_durable_reads", "held-power", "durable")
     assert check.reads_promised("on", "held-power", "plain")
+    # a reader on the synchronous standby: at every level, unless another standby is promoted
+    assert check.reads_promised("off", "power", "standby") and check.reads_promised("off", "failover-both", "standby")
+    assert check.reads_promised("local_non_durable_reads", "held-power", "standby")
+    assert not check.reads_promised("on", "failover-async", "standby")
     assert check.window_expected("local_non_durable_reads", "held-power")
     assert not check.window_expected("on", "held-power")
     assert check.is_control("remote_receive+flush_worker", "held-failover-both")

@@ -2,7 +2,9 @@
 their shrinking without a server, then short histories on the patched and
 a stock server, and the minimal schedules of failures it found, replayed
 as regression tests."""
+import os
 import random
+import time
 
 import pytest
 
@@ -66,6 +68,41 @@ def test_a_sync_step_moves_the_synchronous_standby():
     assert st.sync_standby() == "n1"
 
 
+def test_the_faults_real_clusters_meet_are_drawn_where_they_apply():
+    st = _state()
+    st.fw_on = ("n2",)
+    st.has_summarize = True
+    rng = random.Random(5)
+    drawn = [sched.next_step(rng, st, LEVELS) for _ in range(2000)]
+    heads = {":".join((s.kind, *s.args)) for s in drawn}
+    # one process: a walsender or a backend on the primary, a standby's
+    # walreceiver or startup process, its flush worker only where it is on
+    assert {"kill-proc:n1:walsender", "kill-proc:n1:backend", "kill-proc:n3:startup",
+            "kill-proc:n2:flush-worker"} <= heads
+    assert not {h for h in heads if h.startswith("kill-proc:n1:") and h.split(":")[2] not in sched.PRIMARY_PROCS}
+    assert "kill-proc:n3:flush-worker" not in heads and "kill-proc:n4:flush-worker" not in heads
+    assert {"pause:n1", "pause:n4", "io-stall:n1", "io-stall:n3", "summarize:on", "summarize:off",
+            "power-in-recovery:n1", "power-in-recovery:n4"} <= heads
+    for s in drawn:
+        if s.kind in ("pause", "io-stall"):
+            assert 200 <= s.moment_ms <= 3000
+        if s.kind == "power-in-recovery":
+            assert 20 <= s.moment_ms <= 400
+        if s.kind == "held-failover-both":
+            assert s.args[0] in ("n2", "n3", "n4") and 100 <= s.moment_ms <= 500
+        assert sched.applicable(s, st) is None, s
+    # where they do not apply
+    assert sched.applicable(sched.Step.parse("kill-proc:n3:flush-worker@on/100/0"), st) == "n3's flush worker is off"
+    assert "runs no walsender" in sched.applicable(sched.Step.parse("kill-proc:n2:walsender@on/100/0"), st)
+    assert "runs no startup" in sched.applicable(sched.Step.parse("kill-proc:n1:startup@on/100/0"), st)
+    st.has_summarize = False
+    assert sched.applicable(sched.Step.parse("summarize:on@on/100/0"), st) == "the server has no summarize_wal"
+    assert not any(s.kind == "summarize" for s in (sched.next_step(rng, st, LEVELS) for _ in range(500)))
+    down = sched.State("n2", {"n3": "n2", "n4": "n3"}, down=["n1"])
+    assert "not running" in sched.applicable(sched.Step.parse("pause:n1@on/100/300"), down)
+    assert "still down" in sched.applicable(sched.Step.parse("held-failover-both:n3@on/100/300"), down)
+
+
 def test_steps_that_no_longer_apply_are_named():
     st = sched.State("n2", {"n3": "n2", "n4": "n3"}, down=["n1"])
     assert "still down" in sched.applicable(sched.Step("failover", ("n3",)), st)
@@ -101,14 +138,16 @@ def _history(bin_dir, tmp_path, **params):
 
 def test_short_history_patched(pg_bin, tmp_path):
     # n3, the standby that takes flushed WAL only, is made the synchronous
-    # one, then a failover to it at remote_receive with the links stalled
+    # one, then a failover to n3 at remote_receive with the links stalled
     # first, so commits are in flight and none acknowledged may be lost; the
-    # cluster's roles move, and the others follow
-    records = _history(pg_bin, tmp_path, seed=101, steps=4)
+    # cluster's roles move, and the others follow; then the WAL summarizer
+    # is turned on before the old primary rejoins
+    records = _history(pg_bin, tmp_path, seed=16407, steps=4, choices=1)  # unweighted: the seed's own draws
     assert histories.failures(records) is None, histories.failures(records)
     (h,) = records
     assert len(h["steps"]) >= 4 and h["steps"][0].startswith("sync:n3@")
     assert h["steps"][2].startswith("failover:n3@remote_receive/")
+    assert h["steps"][3].startswith("summarize:on@")
     failover = h["records"][2]
     assert failover["sync"] == "n3" and failover["label"] == "failover" and failover["role"] == "sync"
     assert failover["features"] == "uw"  # n3 does not accept unflushed WAL
@@ -128,6 +167,53 @@ def test_failover_with_the_standby_losing_power_too(pg_bin, tmp_path):
     step = h["records"][2]
     assert step["label"] == "failover-both" and step["role"] == "sync" and step["features"] == "uw+fw"
     assert "recovery_s" in step and step["acked"] > 0
+
+
+@pytest.mark.bench_history
+def test_a_history_on_the_bench_build_with_a_rotating_seed(bench_bin, tmp_path, capsys):
+    # every run draws another history, on the build the benchmarks use (no
+    # assertions, other timing); the seed is printed, and a failure names
+    # the command that replays it.  PGWAL_LAB_HISTORY_SEED replays one.
+    seed = int(os.environ.get("PGWAL_LAB_HISTORY_SEED") or time.time() // 60 % 1_000_000)
+    with capsys.disabled():
+        print(f"\nhistory on the bench build ({bench_bin}), seed {seed} "
+              f"(PGWAL_LAB_HISTORY_SEED={seed} runs it again)")
+    records = _history(bench_bin, tmp_path, seed=seed, steps=5)
+    (h,) = records
+    with capsys.disabled():
+        print(f"seed {seed}: {' '.join(h['steps'])}")
+    assert histories.failures(records) is None, f"{histories.failures(records)}; replay: {h['replay']}"
+    assert len(h["steps"]) >= 5
+
+
+def test_the_faults_real_clusters_meet_hold_on_a_correct_server(pg_bin, tmp_path):
+    # each new fault once, on a cluster that streams unflushed WAL: a
+    # standby's disk and then the primary's stall, a standby and the primary
+    # pause, single processes killed (their postmasters reinitialize: the
+    # log verdict expects exactly that), the summarizer on through a crash
+    # switch, and the synchronous standby with its flush worker on loses
+    # power with its fsyncs held
+    records = _history(pg_bin, tmp_path, schedule=(
+        "io-stall:n2@remote_write/300/800 io-stall:n1@on+early_release/300/600 pause:n2@on/300/700 "
+        "pause:n1@remote_receive/300/500 summarize:on@on/300/0 kill-proc:n2:walreceiver@on/400/0 "
+        "fw:n2:on@on/300/0 kill-proc:n2:flush-worker@remote_write/400/0 kill-proc:n3:startup@on/400/0 "
+        "kill-proc:n1:walsender@on/500/0 kill-proc:n1:backend@remote_receive/500/0 "
+        "power-in-recovery:n1@on/400/60 power-in-recovery:n3@remote_write/300/30 "
+        "held-failover-both:n2@on/900/400"))
+    assert histories.failures(records) is None, histories.failures(records)
+    (h,) = records
+    assert not h["skipped"], h["skipped"]
+    recs = h["records"]
+    killed = [r for r in recs if r["text"].startswith("kill-proc")]
+    assert [r["label"] for r in killed] == ["standby-power", "standby-power", "standby-power", "kill", "kill"]
+    assert all(r["killed"][0] == r["text"].split(":")[1] for r in killed)
+    # the primary's reinitialization after a walsender's kill is a crash switch
+    assert recs[9]["timeline"] > recs[8]["timeline"]
+    assert recs[11]["label"] == "power" and recs[12]["label"] == "standby-power"
+    assert all("undone_second" in r for r in recs[11:13])
+    last = recs[-1]
+    assert last["label"] == "held-failover-both" and last["role"] == "sync" and last["features"] == "uw+accepts+fw"
+    assert last["acked"] > 0 and "recovery_s" in last
 
 
 def test_short_history_stock(stock_bin, tmp_path):

@@ -198,3 +198,108 @@ def test_target_state_names_role_and_features():
     assert target_state(hc, Step.parse("kill:n1@on/100/0"), "n2") == {"role": "primary", "features": "uw"}
     n1.conf_extra["stream_unflushed_wal"] = "off"
     assert target_state(hc, Step.parse("power:n3@on/100/0"), "n2")["features"] == "-"
+
+
+class _Rows:
+    """A connection that answers cycle_rows' two queries."""
+
+    def __init__(self, rows, hot):
+        self.rows, self.hot = rows, hot
+
+    def execute(self, sql, params):
+        if "audit_hot" in sql:
+            return SimpleNamespace(fetchone=lambda: (self.hot,) if self.hot is not None else None)
+        return iter(self.rows)
+
+
+def test_a_commit_that_comes_back_after_its_step_fails():
+    from pgwal_lab.audit.ledger import Load
+
+    load = Load("", cycle=3, session={}, reader_kinds=[])
+    assert verdict.settled_changes(load, frozenset(), 0) is None  # not settled yet: nothing to compare
+    settled = [(0, 1, 0), (2, 1, 0), (2, 1, 1)]
+    load.settled = verdict.cycle_rows(_Rows(settled, 5), 3)
+    assert load.settled == (frozenset(settled), 5)
+    assert verdict.settled_changes(load, *verdict.cycle_rows(_Rows(list(settled), 5), 3)) is None
+    # an in-doubt commit the step's fault took, back after a later failover
+    back = verdict.settled_changes(load, frozenset(settled + [(0, 2, 0)]), 5)
+    assert back.startswith("resurrected 1 rows") and "writer 0 seq 2 part 0" in back
+    assert "resurrected 0 rows and hot increments" in verdict.settled_changes(load, frozenset(settled), 6)
+    # a row that was there (in doubt, so in no ledger) gone later
+    gone = verdict.settled_changes(load, frozenset(settled[1:]), 5)
+    assert gone.startswith("1 rows gone") and "writer 0 seq 1" in gone
+    assert "hot row 5 -> 4" in verdict.settled_changes(load, frozenset(settled), 4)
+    # a cycle without its hot row reads as 0
+    assert verdict.cycle_rows(_Rows([], None), 3) == (frozenset(), 0)
+
+
+def test_a_kill_the_step_sent_is_expected_there_and_nothing_else(tmp_path):
+    n2, n3 = _node(tmp_path, "n2"), _node(tmp_path, "n3")
+    reinit = [
+        "2026-12-03 06:41:00 UTC [100] LOG:  WAL receiver process (PID 4242) was terminated by signal 9: Killed",
+        "2026-12-03 06:41:00 UTC [100] LOG:  terminating any other active server processes",
+        "2026-12-03 06:41:05 UTC [100] LOG:  checkpointer process (PID 4200) was terminated by signal 9: Killed",
+        "2026-12-03 06:41:05 UTC [100] LOG:  all server processes terminated; reinitializing",
+    ]
+    n2.logfile.write_text("\n".join(QUIET + reinit) + "\n")
+    n3.logfile.write_text("\n".join(QUIET + reinit) + "\n")
+    s = LogScanner()
+    s.expect_kill("n2", 4242)
+    found, _ = s.scan([n2, n3])
+    # on n2 the kill and the reinitialization were the step's; n3 was not hit
+    assert {f.node for f in found} == {"n3"} and len(found) == 4
+    # the expectation holds for one scan only, and another signal still fails
+    with open(n2.logfile, "a") as f:
+        f.write("2026-12-03 06:42:00 UTC [100] LOG:  startup process (PID 4300) was terminated by signal 6: "
+                "Aborted\n")
+    s.expect_kill("n2", 4301)
+    found, _ = s.scan([n2, n3])
+    assert sorted(f.kind for f in found) == ["kill-not-logged", "signal"]
+    assert s.scan([n2, n3])[0] == []
+
+
+def test_reads_are_counted_per_reader_kind():
+    from pgwal_lab.history import report
+
+    records = [{"records": [{"reads": {"plain": 10, "standby": 4}, "reads_lost_by": {"plain": 2}},
+                            {"reads": {"plain": 5, "standby": 6}}]},
+               {"records": [{"text": "kill:n1@on/100/0"}]}]  # made before reads were counted
+    assert report.readers(records) == ["| reader | reads | saw a commit then lost |", "|---|---|---|",
+                                       "| plain | 15 | 2 |", "| standby | 10 | 0 |", ""]
+    assert report.readers([{"records": [{"text": "kill:n1@on/100/0"}]}]) == []
+
+
+def test_draws_favour_the_cells_run_least():
+    import random
+    from collections import Counter
+    from types import SimpleNamespace as NS
+
+    from pgwal_lab.history import schedule as sched
+    from pgwal_lab.scenarios import histories
+
+    n1 = NS(name="n1", upstream=None, conf_extra={"stream_unflushed_wal": "written"})
+    n2 = NS(name="n2", upstream=n1, conf_extra={"wal_receiver_accept_unflushed": "on"})
+    n3 = NS(name="n3", upstream=n1, conf_extra={"wal_receiver_accept_unflushed": "off"})
+    n4 = NS(name="n4", upstream=n3, conf_extra={"wal_receiver_accept_unflushed": "on"})
+    hc = NS(primary=n1, down=[], sync_standby=lambda: "n2",
+            c=NS(nodes={n.name: n for n in (n1, n2, n3, n4)}, spec=NS(settings={})))
+    st = sched.State("n1", {"n2": "n1", "n3": "n1", "n4": "n3"})
+    levels = ["local", "on"]
+    # one choice: exactly the seed's own draw
+    assert histories.draw(random.Random(9), st, levels, hc, Counter(), 1) == \
+        sched.next_step(random.Random(9), st, levels)
+    # three: the candidate whose cell ran least; the first of equals
+    rng = random.Random(9)
+    cands = [sched.next_step(rng, st, levels) for _ in range(3)]
+    cells = [histories.cell(c, histories.target_state(hc, c, "n2")) for c in cands]
+    assert len(set(cells)) == 3, cells  # the seed draws three different cells
+    assert histories.draw(random.Random(9), st, levels, hc, Counter({cells[0]: 5, cells[2]: 5}), 3) == cands[1]
+    assert histories.draw(random.Random(9), st, levels, hc, Counter(), 3) == cands[0]
+    # over many draws the cells spread: fewer repeats than unweighted draws
+    def spread(choices):
+        rng, cov = random.Random(4), Counter()
+        for _ in range(200):
+            s = histories.draw(rng, st, levels, hc, cov, choices)
+            cov[histories.cell(s, histories.target_state(hc, s, "n2"))] += 1
+        return max(cov.values())
+    assert spread(3) < spread(1)

@@ -111,7 +111,12 @@ def reads_promised(level: str, fault: str, reader: str) -> bool:
     """The level promises that a reader of this kind never sees a commit the
     fault then takes back.  Without early release a commit is visible only
     once it is as durable as its acknowledgement; with it, only a
-    durable_snapshots reader and pg_xact_status wait, for the local flush."""
+    durable_snapshots reader and pg_xact_status wait, for the local flush.
+    A reader on the synchronous standby (the history explorer's `standby`)
+    sees only WAL the primary flushed and the standby flushed, at every
+    level: what it saw survives anything but a failover to another standby."""
+    if reader == "standby":
+        return fault != "failover-async"
     if not acks_promised(level, fault):
         return False
     if base_fault(fault) == "none" or not early_release(level) or reader == "xact_status":

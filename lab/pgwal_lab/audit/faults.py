@@ -274,6 +274,41 @@ def crash(nodes: list, power_loss: bool, proxies: list[int] = (), mark=None) -> 
     return out
 
 
+def pause(node) -> list[int]:
+    """Stop every process of a running node (SIGSTOP), the postmaster first
+    so that it forks nothing meanwhile; returns them for resume().  Unlike
+    crash() nothing is killed: the node is frozen, as a host that stalls
+    (a VM paused, a swap storm) freezes it."""
+    pm = node.pid()
+    if pm is None or not _alive(pm):
+        raise LabError(f"{node.name}: no running postmaster to pause")
+    signal_all([pm], signal.SIGSTOP)
+    _wait_stopped(pm)
+    kids = [k for k in children(pm) if _parent(k) == pm]
+    signal_all(kids, signal.SIGSTOP)
+    return _stop_descendants([pm, *kids])
+
+
+def resume(pids: list[int]) -> None:
+    """Continue what pause() stopped, the postmaster last."""
+    signal_all(list(reversed(pids)), signal.SIGCONT)
+
+
+def exists(pid: int) -> bool:
+    """A process, zombies included (not yet reaped by its parent)."""
+    return _exists(pid)
+
+
+def alive(pid: int) -> bool:
+    """A process that runs (not a zombie)."""
+    return _alive(pid)
+
+
+def accepts(node) -> bool:
+    """The node answers a query now."""
+    return _accepts(node)
+
+
 def _accepts(node) -> bool:
     try:
         node.scalar("SELECT 1")

@@ -26,6 +26,9 @@ Readers run until the fault:
   durable      plain with durable_snapshots = on (patched server only)
   xact_status  pg_xact_status() of the xid each writer is committing now;
                "committed" is recorded as seen
+  standby      plain, on a hot standby (`standby_conninfo`; the history
+               explorer's): a standby replays only WAL its primary flushed,
+               so what it shows survives the primary's crash at every level
 """
 from __future__ import annotations
 
@@ -81,8 +84,9 @@ class Load:
     """The writers and readers of one cycle, on one primary."""
 
     def __init__(self, conninfo: str, cycle: int, session: dict, reader_kinds: list[str],
-                 writer_kinds=WRITER_KINDS, statement_timeout_s: float = 60):
+                 writer_kinds=WRITER_KINDS, statement_timeout_s: float = 60, standby_conninfo: str | None = None):
         self.conninfo = conninfo
+        self.standby_conninfo = standby_conninfo  # where a "standby" reader reads
         self.cycle = cycle
         self.session = session  # SET name = value for writers (the level)
         self.stop = threading.Event()
@@ -92,6 +96,9 @@ class Load:
         self.readers = [ReaderLedger(k) for k in reader_kinds]
         self.committing: dict[int, tuple[int, int]] = {}  # writer -> (seq, txid) whose COMMIT is in flight
         self.threads: list[threading.Thread] = []
+        # the cycle's rows and hot value when its step ended (the history
+        # explorer's verdict records them; None before)
+        self.settled: tuple[frozenset, int] | None = None
 
     # lifecycle
     def start(self) -> None:
@@ -124,14 +131,16 @@ class Load:
         if any(t.is_alive() for t in self.threads):
             raise TimeoutError("audit sessions did not end after the fault")
 
-    def _connect(self) -> psycopg.Connection:
-        c = psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10)
+    def _connect(self, conninfo: str | None = None) -> psycopg.Connection:
+        c = psycopg.connect(conninfo or self.conninfo, autocommit=True, connect_timeout=10)
         c.execute(f"SET statement_timeout = {self.timeout_ms}")
         return c
 
     def _failed(self, led, e: BaseException) -> None:
         led.error = f"{type(e).__name__}: {str(e).strip()[:200]}"
-        led.error_before_fault = self.fault_at is None
+        # a standby's reads end whenever a fault touches that standby (or a
+        # recovery conflict cancels one); what it saw is judged all the same
+        led.error_before_fault = self.fault_at is None and getattr(led, "kind", None) != "standby"
 
     # writers
     def _writer(self, w: WriterLedger) -> None:
@@ -185,7 +194,7 @@ class Load:
     # readers
     def _reader(self, r: ReaderLedger) -> None:
         try:
-            conn = self._connect()
+            conn = self._connect(self.standby_conninfo if r.kind == "standby" else None)
             if r.kind == "durable":
                 conn.execute("SET durable_snapshots = on")
         except Exception as e:  # noqa: BLE001

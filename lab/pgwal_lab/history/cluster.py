@@ -192,11 +192,13 @@ class HistoryCluster:
                     todo.append(s)
         return out
 
-    def state(self, has_uw: bool, has_fw: bool):
+    def state(self, has_uw: bool, has_fw: bool, has_summarize: bool = False):
         from .schedule import State
 
+        fw_on = tuple(s.name for s in self.standbys()
+                      if {**self.c.spec.settings, **s.conf_extra}.get("wal_receiver_flush_worker") == "on")
         return State(self.primary.name, {s.name: s.upstream.name for s in self.standbys()}, list(self.down),
-                     has_uw, has_fw, self.c.sync_first)
+                     has_uw, has_fw, self.c.sync_first, fw_on, has_summarize)
 
     def sync_standby(self) -> str | None:
         """The standby the primary's synchronous commits wait for now."""

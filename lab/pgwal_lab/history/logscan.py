@@ -16,6 +16,12 @@ scan are read and these fail the history:
   "all server processes terminated; reinitializing"): a crash-restart cycle
   nobody asked for.
 
+The one exception is the `kill-proc` step, which SIGKILLs one server
+process on purpose: on that node, in that step's scan, the line naming
+that process's exit by signal 9 and the reinitialization it causes are
+expected (another process the reinitialization had to SIGKILL too); any
+other signal, a TRAP or a PANIC still fails.
+
 Replication processes' FATAL and ERROR lines are counted, not judged: a
 fault makes walreceivers and walsenders lose their streams on purpose.
 
@@ -98,11 +104,32 @@ def classify(node: str, lines: list[str]) -> tuple[list[Finding], int]:
     return found, repl
 
 
+_KILLED = re.compile(r"\(PID (\d+)\) was terminated by signal 9\b")
+
+
 class LogScanner:
     """One per history: remembers how far each node's log was read."""
 
     def __init__(self):
         self.logs: dict[str, NodeLog] = {}
+        self.expected: dict[str, int] = {}  # node -> pid a kill-proc step killed
+
+    def expect_kill(self, node: str, pid: int) -> None:
+        """The next scan expects `node` to log the SIGKILL of `pid` and to
+        reinitialize after it."""
+        self.expected[node] = int(pid)
+
+    def _expected(self, f: Finding, seen_kill: set) -> bool:
+        pid = self.expected.get(f.node)
+        if pid is None:
+            return False
+        m = _KILLED.search(f.line)
+        if f.kind == "signal" and m:
+            if int(m.group(1)) == pid:
+                seen_kill.add(f.node)
+                return True
+            return f.node in seen_kill  # killed by the reinitialization that followed
+        return f.kind == "crash-restart" and f.node in seen_kill
 
     def scan(self, nodes) -> tuple[list[Finding], dict]:
         """Read what every node logged since the last scan.  `nodes` are
@@ -110,12 +137,17 @@ class LogScanner:
         per-node count of replication errors."""
         findings: list[Finding] = []
         repl: dict = {}
+        seen_kill: set = set()
         for n in nodes:
             log = self.logs.get(n.name)
             if log is None or log.path != Path(n.logfile):
                 log = self.logs[n.name] = NodeLog(Path(n.logfile))
             f, r = classify(n.name, log.new_lines())
-            findings += f
+            findings += [x for x in f if not self._expected(x, seen_kill)]
             if r:
                 repl[n.name] = r
+        # the step's kill must show: else it hit no server process
+        findings += [Finding(node, "kill-not-logged", f"no line logs the SIGKILL of PID {pid} that the step sent")
+                     for node, pid in self.expected.items() if node not in seen_kill]
+        self.expected = {}
         return findings, repl

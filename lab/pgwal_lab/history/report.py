@@ -5,21 +5,19 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .schedule import KINDS, Step
+from .schedule import FAULTS, KINDS, Step
 
 
 def section(records: list[dict]) -> list[str]:
     steps = [Step.parse(t) for r in records for t in r.get("steps", [])]
     failed = [r for r in records if r.get("failure")]
-    lines = [f"{len(records)} histories, {len(steps)} steps "
-             f"({min((len(r['steps']) for r in records), default=0)}–"
-             f"{max((len(r['steps']) for r in records), default=0)} per history), "
-             f"{sum(r.get('seconds', 0) for r in records) / 60:.1f} min; "
-             f"**{len(failed)} failed**." if failed else
-             f"{len(records)} histories, {len(steps)} steps "
-             f"({min((len(r['steps']) for r in records), default=0)}–"
-             f"{max((len(r['steps']) for r in records), default=0)} per history), "
-             f"{sum(r.get('seconds', 0) for r in records) / 60:.1f} min; every verdict held.", ""]
+    faults = [sum(Step.parse(t).kind in FAULTS for t in r.get("steps", [])) for r in records]
+    head = (f"{len(records)} histories, {len(steps)} steps "
+            f"({min((len(r['steps']) for r in records), default=0)}–"
+            f"{max((len(r['steps']) for r in records), default=0)} per history; faults "
+            f"{min(faults, default=0)}–{max(faults, default=0)} per history, {sum(faults)} in all), "
+            f"{sum(r.get('seconds', 0) for r in records) / 60:.1f} min; ")
+    lines = [head + (f"**{len(failed)} failed**." if failed else "every verdict held."), ""]
     kinds, levels = Counter(s.kind for s in steps), Counter(s.level for s in steps)
     lines += ["| step kind | steps | what it does |", "|---|---|---|"]
     lines += [f"| {k} | {kinds.get(k, 0)} | {doc} |" for k, (_, doc) in KINDS.items()]
@@ -40,6 +38,7 @@ def section(records: list[dict]) -> list[str]:
     lines += [f"Controls: {len(allowed)} steps whose level did not promise their acknowledgements across their "
               f"fault lost {lost} acknowledged commits in {sum(1 for rec, _ in allowed if rec['acked_lost'])} "
               f"of them; steps whose level promised it lost none (or the history failed).", ""]
+    lines += readers(records)
     for r in failed:
         f = r["failure"]
         lines += [f"### History {r.get('seed', 'replay')}: failed at step {f['step']} ({f['kind']})", "",
@@ -53,6 +52,23 @@ def section(records: list[dict]) -> list[str]:
             lines.append(f"- node logs: {f['logs']}")
         lines.append("")
     return lines
+
+
+def readers(records: list[dict]) -> list[str]:
+    """Reads per reader kind, and those that saw a commit the step's fault
+    then took (where the label allowed it; a promised one fails the
+    history).  Records made before steps counted reads per kind are left
+    out."""
+    reads: Counter = Counter()
+    lost: Counter = Counter()
+    for r in records:
+        for rec in r.get("records", []):
+            reads.update(rec.get("reads") or {})
+            lost.update(rec.get("reads_lost_by") or {})
+    if not reads:
+        return []
+    return ["| reader | reads | saw a commit then lost |", "|---|---|---|"] + \
+        [f"| {k} | {n} | {lost.get(k, 0)} |" for k, n in sorted(reads.items())] + [""]
 
 
 # fault labels of records made before steps recorded their target's role
@@ -70,7 +86,7 @@ def coverage(records: list[dict]) -> list[str]:
         fail_at = (r.get("failure") or {}).get("step")
         for rec in r.get("records", []):
             step = Step.parse(rec["text"])
-            if not step.args or step.kind == "uw":  # its argument is a setting, not a node
+            if not step.args or step.kind in ("uw", "summarize"):  # its argument is a setting, not a node
                 continue
             role = rec.get("role") or _ROLE_BY_LABEL.get(rec.get("label"), "?")
             key = (step.kind, role, rec.get("features", "?"), step.level)

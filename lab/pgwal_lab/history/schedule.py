@@ -42,9 +42,30 @@ KINDS = {
                    "the same upstream as before"),
     "sync": (1, "another direct standby of the primary made its synchronous standby (put first among the "
                 "FIRST 1 candidates), so that failovers reach every standby's settings as the synchronous one"),
+    "held-failover-both": (1, "the standby's WAL fsyncs held for the moment while the load goes on (a flush "
+                              "worker's walreceiver acknowledges receipt meanwhile), then it and the primary lose "
+                              "power together; it restarts and is promoted"),
+    "kill-proc": (1, "one server process SIGKILLed (primary: a walsender or a client backend; standby: the "
+                     "walreceiver, the startup process or the flush worker): its postmaster reinitializes, as "
+                     "after a segfault or the OOM killer (after the startup process it exits instead, and the "
+                     "node is started again)"),
+    "power-in-recovery": (1, "a node's power lost, and lost again the moment after it started, while it "
+                             "recovers from the first"),
+    "pause": (1, "every process of a node stopped (SIGSTOP) for the moment while the load goes on, then "
+                 "continued"),
+    "io-stall": (1, "a node's WAL fsyncs held for the moment while the load goes on (a disk that stalls), then "
+                    "released"),
+    "summarize": (1, "summarize_wal set on every node (on or off)"),
 }
 # the faults that crash a node while the workload runs
-CRASHES = ("kill", "power", "switch-power", "held-power", "failover", "failover-both")
+CRASHES = ("kill", "power", "switch-power", "held-power", "failover", "failover-both", "held-failover-both",
+           "kill-proc", "power-in-recovery")
+FAILOVERS = ("failover", "failover-both", "held-failover-both")
+# the steps that are faults (a history of N faults counts these)
+FAULTS = CRASHES + ("partition", "pause", "io-stall")
+# the processes kill-proc draws from, by role
+PRIMARY_PROCS = ("walsender", "backend")
+STANDBY_PROCS = ("walreceiver", "startup")
 
 
 @dataclass(frozen=True)
@@ -89,6 +110,8 @@ class State:
     has_uw: bool = True               # the server has stream_unflushed_wal
     has_fw: bool = True               # ... and wal_receiver_flush_worker
     sync_first: str | None = None     # the candidate a `sync` step put first
+    fw_on: tuple = ()                 # standbys whose flush worker is on
+    has_summarize: bool = False       # the server has summarize_wal (17 on)
 
     def direct(self) -> list:
         """The primary's direct standbys, in name order."""
@@ -117,7 +140,8 @@ class State:
 
 
 def next_step(rng: random.Random, st: State, levels: list[str], load_ms=(300, 1500),
-              moment_ms=(50, 300), cut_ms=(100, 1000), stall_ms=(100, 500)) -> Step:
+              moment_ms=(50, 300), cut_ms=(100, 1000), stall_ms=(100, 500), pause_ms=(200, 3000),
+              recovery_ms=(20, 400)) -> Step:
     """Draw the next step for the cluster as it is now.  A node down since a
     failover is rejoined soon (more often than not at the next step), and at
     most one node is down at a time, so that three nodes always serve."""
@@ -131,9 +155,11 @@ def next_step(rng: random.Random, st: State, levels: list[str], load_ms=(300, 15
         kind = rng.choice(kinds)
         if kind in ("kill", "power", "switch-power", "restart"):
             return Step(kind, (rng.choice(live),), level, load)
+        if kind == "power-in-recovery":
+            return Step(kind, (rng.choice(live),), level, load, rng.randint(*recovery_ms))
         if kind == "held-power":
             return Step(kind, (st.primary,), level, load, rng.randint(*moment_ms))
-        if kind in ("failover", "failover-both") and not st.down and st.standbys:
+        if kind in FAILOVERS and not st.down and st.standbys:
             # mostly to the synchronous standby, where the levels promise
             # something: a failover to another one is judged as promising nothing
             sync = st.sync_standby()
@@ -143,6 +169,15 @@ def next_step(rng: random.Random, st: State, levels: list[str], load_ms=(300, 15
             # a seed's other draws stay what they were before the stall
             stall = random.Random(load * 1_000_003 + sum(map(ord, target))).randint(*stall_ms)
             return Step(kind, (target,), level, load, stall)
+        if kind == "kill-proc":
+            node = rng.choice(live)
+            procs = PRIMARY_PROCS if node == st.primary else \
+                STANDBY_PROCS + (("flush-worker",) if node in st.fw_on else ())
+            return Step(kind, (node, rng.choice(procs)), level, load)
+        if kind in ("pause", "io-stall"):
+            return Step(kind, (rng.choice(live),), level, load, rng.randint(*pause_ms))
+        if kind == "summarize" and st.has_summarize:
+            return Step(kind, (rng.choice(["on", "off"]),), level, load)
         if kind == "partition" and st.standbys:
             return Step(kind, (rng.choice(sorted(st.standbys)),), level, load, rng.randint(*cut_ms))
         if kind == "uw" and st.has_uw:
@@ -175,11 +210,11 @@ def applicable(step: Step, st: State) -> str | None:
     replayed (shrunk) schedule skips such steps."""
     live = [st.primary, *st.standbys]
     a = step.args
-    if step.kind in ("kill", "power", "switch-power", "restart"):
+    if step.kind in ("kill", "power", "switch-power", "restart", "power-in-recovery"):
         return None if a and a[0] in live else f"{a[0] if a else '?'} is not running"
     if step.kind == "held-power":
         return None if a and a[0] == st.primary else f"{a[0] if a else '?'} is not the primary"
-    if step.kind in ("failover", "failover-both"):
+    if step.kind in FAILOVERS:
         if st.down:
             return f"{st.down[0]} is still down"
         return None if a and a[0] in st.standbys else f"{a[0] if a else '?'} is not a standby"
@@ -187,6 +222,19 @@ def applicable(step: Step, st: State) -> str | None:
         return None if a and a[0] in st.down else f"{a[0] if a else '?'} is not down"
     if step.kind == "partition":
         return None if a and a[0] in st.standbys else f"{a[0] if a else '?'} is not a standby"
+    if step.kind == "kill-proc":
+        if len(a) != 2 or a[0] not in live:
+            return f"{a[0] if a else '?'} is not running"
+        procs = PRIMARY_PROCS if a[0] == st.primary else STANDBY_PROCS + ("flush-worker",)
+        if a[1] not in procs:
+            return f"{a[0]} runs no {a[1]} to kill ({'primary' if a[0] == st.primary else 'standby'})"
+        if a[1] == "flush-worker" and a[0] not in st.fw_on:
+            return f"{a[0]}'s flush worker is off"
+        return None
+    if step.kind in ("pause", "io-stall"):
+        return None if a and a[0] in live else f"{a[0] if a else '?'} is not running"
+    if step.kind == "summarize":
+        return None if st.has_summarize else "the server has no summarize_wal"
     if step.kind == "uw":
         return None if st.has_uw else "the server has no stream_unflushed_wal"
     if step.kind == "fw":

@@ -8,10 +8,13 @@ that commits waiting for it can finish; a failover leaves the old primary
 down.  Then the verdict (verdict.py) judges the cluster.
 
 The fault label of a step says which promises it tests (audit/check.py):
-a crash of the primary is `kill` or `power`, of a standby `standby-power`
-(nothing a level acknowledged may go), a failover to the standby the commits
-waited for is `failover` (`failover-both` when that standby lost power too),
-to another standby `failover-async`, and every other step `none`.
+a crash of the primary is `kill` or `power` (`kill` too when one of its
+processes is killed and its postmaster reinitializes), of a standby
+`standby-power` (nothing a level acknowledged may go), a failover to the
+standby the commits waited for is `failover` (`failover-both` when that
+standby lost power too, `held-failover-both` when its WAL fsyncs were held
+first), to another standby `failover-async`, and every other step `none`
+(a pause, a stalled disk, a setting changed: nothing may be lost).
 
 Only a fault of the primary (a crash, a failover) may end the primary's
 sessions with an error; after a standby's crash or a cut link they must
@@ -21,14 +24,18 @@ failure.
 """
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 from ..audit import faults
 from ..audit.ledger import READER_KINDS, Load
 from ..scenarios.audit import session_settings
+from ..util import LabError, wait_for
 from . import verdict
-from .cluster import HistoryCluster
-from .schedule import Step
+from .verdict import START_S
+from .cluster import HistoryCluster, wait_accepting
+from .schedule import CRASHES, FAILOVERS, Step
 
 
 def _crash(hc: HistoryCluster, node, power_loss: bool, load: Load, before_start=None) -> dict:
@@ -42,6 +49,31 @@ def _crash(hc: HistoryCluster, node, power_loss: bool, load: Load, before_start=
     mark = (lambda: setattr(load, "fault_at", time.monotonic())) if node is hc.primary else None
     undone = faults.crash([node], power_loss=power_loss, proxies=proxies, mark=mark)
     return {"recovery_s": _restart(hc, node, before_start), "undone": undone[node.name]}
+
+
+def _crash_in_recovery(hc: HistoryCluster, node, load: Load, moment_ms: int) -> dict:
+    """A power loss, a start, and a second power loss `moment_ms` after it,
+    while the node recovers from the first (or, if it was that quick, soon
+    after); then a start that must succeed."""
+    def feeds():
+        return [s.proxy.pid for s in hc.standbys() if s.upstream is node and s.proxy and s.proxy.pid]
+    mark = (lambda: setattr(load, "fault_at", time.monotonic())) if node is hc.primary else None
+    old_pm = node.pid()
+    first = faults.crash([node], power_loss=True, proxies=feeds(), mark=mark)
+    for s in hc.standbys():
+        if s.upstream is node and s.proxy and s.proxy.proc.poll() is not None:
+            faults.heal(s)
+    _drop_garbled_lock_file(node)
+    node.start(wait=False)
+    # the lock file the power loss left names the old postmaster until the
+    # new one writes its own
+    wait_for(lambda: (p := node.pid()) not in (None, old_pm) and faults.alive(p), 30,
+             f"{node.name}'s new postmaster", interval=0.005)
+    time.sleep(moment_ms / 1000)
+    recovered = faults.accepts(node)
+    second = faults.crash([node], power_loss=True, proxies=feeds())
+    return {"recovery_s": _restart(hc, node), "undone": first[node.name], "undone_second": second[node.name],
+            "second_in_recovery": not recovered}
 
 
 def _restart(hc: HistoryCluster, node, before_start=None) -> float:
@@ -70,14 +102,62 @@ def _drop_garbled_lock_file(node) -> None:
 
 
 def label_of(hc: HistoryCluster, step: Step, sync_name: str | None) -> str:
-    if step.kind not in ("kill", "power", "switch-power", "held-power", "failover", "failover-both"):
+    if step.kind not in CRASHES:
         return verdict.NONE
     target = step.args[0]
-    if step.kind in ("failover", "failover-both"):
+    if step.kind in FAILOVERS:
         return step.kind if target == sync_name else verdict.ASYNC_FAILOVER
     if target == hc.primary.name:
-        return {"kill": "kill", "held-power": "held-power"}.get(step.kind, "power")
+        return {"kill": "kill", "kill-proc": "kill", "held-power": "held-power"}.get(step.kind, "power")
     return "standby-power"
+
+
+# kill-proc's process names, as pg_stat_activity's backend_type
+_BACKEND_TYPE = {"walsender": "walsender", "backend": "client backend", "walreceiver": "walreceiver",
+                 "startup": "startup", "flush-worker": "walreceiver flush worker"}
+
+
+def _kill_process(hc: HistoryCluster, node, proc: str, load: Load) -> dict:
+    """SIGKILL one of the node's server processes.  The postmaster then
+    reinitializes (every child's abnormal exit is a crash to it); the
+    verdict's liveness check waits for the node to serve again.  A walsender
+    killed is the synchronous standby's where there is one; a client backend
+    one that runs the ledger's work."""
+    if proc == "walsender":
+        q = "SELECT pid FROM pg_stat_replication ORDER BY sync_state = 'sync' DESC, application_name LIMIT 1"
+    elif proc == "backend":
+        q = ("SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() "
+             "AND query LIKE '%audit%' ORDER BY pid LIMIT 1")
+    else:
+        q = f"SELECT pid FROM pg_stat_activity WHERE backend_type = '{_BACKEND_TYPE[proc]}' LIMIT 1"
+    # a flush worker starts once its walreceiver has WAL to hand it, a
+    # walsender once its standby reconnected: give each a moment
+    deadline = time.monotonic() + 10
+    while (pid := node.scalar(q)) is None:
+        if time.monotonic() > deadline:
+            raise LabError(f"kill-proc: {node.name} runs no {proc} to kill (waited 10 s)")
+        time.sleep(0.05)
+    if node is hc.primary:
+        load.fault_at = time.monotonic()  # the reinitialization ends the primary's sessions
+    pm = node.pid()
+    os.kill(pid, signal.SIGKILL)
+    out = {"killed": [node.name, pid], "process": proc}
+    if proc == "startup":
+        # a startup process that dies is catastrophic to its postmaster: it
+        # stops the other processes and exits instead of reinitializing
+        # (postmaster.c), so the node is started again, as a cluster manager
+        # would
+        wait_for(lambda: pm is None or not faults.alive(pm), 60, f"{node.name}'s postmaster to exit")
+        node.running = False
+        out["recovery_s"] = _restart(hc, node)
+    else:
+        # once the postmaster has reaped the process it refuses connections
+        # until every process is gone and crash recovery ran
+        t0 = time.monotonic()
+        wait_for(lambda: not faults.exists(pid), 30, f"{node.name}'s {proc} to be reaped", interval=0.005)
+        wait_accepting(node, START_S)
+        out["recovery_s"] = round(time.monotonic() - t0, 3)
+    return out
 
 
 def target_state(hc: HistoryCluster, step: Step, sync_name: str | None) -> dict:
@@ -125,9 +205,14 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
         c.execute("INSERT INTO audit_hot VALUES (%s, 0)", (index,))
     sync_name = hc.sync_standby()
     label = label_of(hc, step, sync_name)
+    # a reader on the synchronous standby too, where the commits' WAL must
+    # be flushed before it shows (verdict: check.reads_promised)
+    reader_standby = hc.node(sync_name) if sync_name in hc.c.nodes else None
     load = Load(primary.conninfo(), index, session_settings(step.level, primary),
-                [r for r in READER_KINDS if r in readers])
+                [r for r in READER_KINDS if r in readers] + (["standby"] if reader_standby else []),
+                standby_conninfo=reader_standby.conninfo() if reader_standby else None)
     rec: dict = {"step": index, "text": str(step), "label": label, "sync": sync_name,
+                 "standby_reader": reader_standby.name if reader_standby else None,
                  **target_state(hc, step, sync_name)}
     load.start()
     time.sleep(step.load_ms / 1000)
@@ -147,6 +232,39 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
                 rec.update(_crash(hc, primary, True, load, before_start=lambda: faults.release(primary)))
             finally:
                 faults.release(primary)
+        elif step.kind == "power-in-recovery":
+            rec.update(_crash_in_recovery(hc, target, load, step.moment_ms))
+        elif step.kind == "kill-proc":
+            rec.update(_kill_process(hc, target, step.args[1], load))
+        elif step.kind == "pause":
+            stopped = faults.pause(target)
+            try:
+                time.sleep(step.moment_ms / 1000)
+            finally:
+                faults.resume(stopped)
+        elif step.kind == "io-stall":
+            faults.hold(target)
+            try:
+                time.sleep(step.moment_ms / 1000)
+            finally:
+                faults.release(target)
+        elif step.kind == "held-failover-both":
+            # the standby's fsyncs wait while its links flow: what it
+            # acknowledges meanwhile as flushed (on, remote_apply) must
+            # survive its power loss; released before it starts again
+            faults.hold(target)
+            try:
+                time.sleep(step.moment_ms / 1000)
+                proxies = [s.proxy.pid for s in hc.standbys()
+                           if s.upstream in (primary, target) and s.proxy and s.proxy.pid]
+                undone = faults.crash([primary, target], power_loss=True, proxies=proxies,
+                                      mark=lambda: setattr(load, "fault_at", time.monotonic()))
+            finally:
+                faults.release(target)
+            rec["undone"] = undone[primary.name]
+            rec["undone_target"] = undone[target.name]
+            rec["recovery_s"] = _restart(hc, target)
+            rec.update(hc.promote(target))
         elif step.kind in ("failover", "failover-both"):
             proxies = [s.proxy.pid for s in hc.standbys() if s.upstream is primary and s.proxy and s.proxy.pid]
             crashed = [primary]
@@ -193,6 +311,12 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
     elif step.kind == "uw":
         for n in hc.c.nodes.values():
             n.conf_extra["stream_unflushed_wal"] = step.args[0]
+            if n in hc.live():
+                n.write_node_conf()
+                n.sql("SELECT pg_reload_conf()")
+    elif step.kind == "summarize":
+        for n in hc.c.nodes.values():
+            n.conf_extra["summarize_wal"] = step.args[0]
             if n in hc.live():
                 n.write_node_conf()
                 n.sql("SELECT pg_reload_conf()")

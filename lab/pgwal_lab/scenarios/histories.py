@@ -12,14 +12,15 @@ Levels: every synchronous_commit level the server has (sync_levels), and
 `on` with early release where the server has commit_early_release (the lock
 release then comes before both the local flush and the standby's
 acknowledgement), each step at one drawn at random.  stream_unflushed_wal starts at `written`
-and the flush workers off where the server has them; `uw` and `fw` steps
-change them.
+and the flush workers off where the server has them, summarize_wal off;
+`uw`, `fw` and `summarize` steps change them.
 """
 from __future__ import annotations
 
 import random
 import shlex
 import time
+from collections import Counter
 from pathlib import Path
 
 from .. import topology
@@ -29,21 +30,27 @@ from ..history import schedule as sched
 from ..history import shrink, verdict
 from ..history.cluster import HistoryCluster
 from ..history.logscan import LogScanner
-from ..history.steps import run_step
+from ..history.steps import run_step, target_state
 from ..util import LabError
 from . import Context, as_list, sync_levels
 from .audit import SETTINGS as AUDIT_SETTINGS
 
 NAME = "histories"
 DEFAULTS = {"histories": 10, "steps": 8, "seed": 1, "schedule": "", "levels": "auto", "net": "1ms",
-            "wal_fsync_ms": 1, "shrink": True, "shrink_budget": 40, "server_settings": {}}
+            "wal_fsync_ms": 1, "shrink": True, "shrink_budget": 40, "server_settings": {}, "choices": 3,
+            "faults": 0}
+# choices: how many candidate steps a draw compares: the one whose cell of
+# the coverage matrix (kind, role of the node, features there, level) ran
+# least in this run is taken; 1 draws without weighting.
+# faults: when > 0, a history runs until that many of its steps were faults
+# (schedule.FAULTS), whatever `steps` says.
 SMOKE = {"histories": 1, "steps": 4, "shrink": False}
 
 SETTINGS = {**AUDIT_SETTINGS, "archive_mode": "always", "wal_keep_size": "512MB",
             "max_wal_size": "256MB", "checkpoint_timeout": "60s"}
 
 
-def _settings(bin_dir) -> tuple[dict, bool, bool, bool]:
+def _settings(bin_dir) -> tuple[dict, bool, bool, bool, bool]:
     sample = topology.server_settings_sample(bin_dir)
     s = dict(SETTINGS)
     has_uw = "stream_unflushed_wal" in sample
@@ -52,7 +59,7 @@ def _settings(bin_dir) -> tuple[dict, bool, bool, bool]:
         s["wal_receiver_accept_unflushed"] = "on"
     if has_uw:
         s["stream_unflushed_wal"] = "written"
-    return s, has_uw, has_fw, "durable_snapshots" in sample
+    return s, has_uw, has_fw, "durable_snapshots" in sample, "summarize_wal" in sample
 
 
 def replay_command(bin_dir, steps) -> str:
@@ -60,13 +67,40 @@ def replay_command(bin_dir, steps) -> str:
             f"--set schedule={shlex.quote(sched.format_schedule(steps))}")
 
 
+def cell(step: sched.Step, target: dict) -> tuple:
+    """A step's cell of the coverage matrix: kind, the role of the node it
+    hits and the features there (steps.target_state), and level."""
+    return (step.kind, target.get("role", "?"), target.get("features", "?"), step.level)
+
+
+def draw(rng: random.Random, st: sched.State, levels: list, hc: HistoryCluster, covered: Counter,
+         choices: int) -> sched.Step:
+    """The next step: of `choices` candidates drawn from the seed, the one
+    whose cell ran least so far (the first of equals), so that a run's
+    draws spread over the cells not yet covered: every standby as the
+    synchronous one with each of its features, at each level.  The same
+    seed with the same earlier histories of the run draws the same steps;
+    a history's record holds its schedule, which replays exactly."""
+    cands = [sched.next_step(rng, st, levels) for _ in range(max(1, choices))]
+    if len(cands) == 1:
+        return cands[0]
+    sync_name = hc.sync_standby()
+    return min(cands, key=lambda c: covered[cell(c, target_state(hc, c, sync_name))])
+
+
 def run_history(bin_dir, seed: int | None, steps_wanted: int, given: list | None, levels_param,
                 net: str, wal_fsync_ms: float, logs_dir: Path | None, log=print,
-                server_settings: dict | None = None) -> dict:
+                server_settings: dict | None = None, covered: Counter | None = None,
+                choices: int = 1, faults_wanted: int = 0) -> dict:
     """One history on a fresh cluster: drawn from `seed`, or the `given`
-    steps.  Returns its record: the steps run, each step's record, and the
-    failure (None when every verdict held)."""
-    settings, has_uw, has_fw, has_durable = _settings(bin_dir)
+    steps: `steps_wanted` steps, or with `faults_wanted` until that many of
+    them were faults (schedule.FAULTS; settings, rebuilds and rejoins do not
+    count).  `covered` counts the cells of the run's steps so far (updated
+    here); with `choices` > 1 draws favour the cells it counts least.
+    Returns its record: the steps run, each step's record, and the failure
+    (None when every verdict held)."""
+    covered = Counter() if covered is None else covered
+    settings, has_uw, has_fw, has_durable, has_summarize = _settings(bin_dir)
     settings.update(server_settings or {})  # the tests break promises on purpose with fsync = off
     faults.become_subreaper()
     rng = random.Random(seed)
@@ -90,7 +124,7 @@ def run_history(bin_dir, seed: int | None, steps_wanted: int, given: list | None
         todo = list(given) if given is not None else None
         index = 0
         while True:
-            st = hc.state(has_uw, has_fw)
+            st = hc.state(has_uw, has_fw, has_summarize)
             if todo is not None:
                 if not todo:
                     break
@@ -100,11 +134,14 @@ def run_history(bin_dir, seed: int | None, steps_wanted: int, given: list | None
                     out["skipped"].append(f"{step}: {why}")
                     continue
             else:
-                if index >= steps_wanted and not st.down:
+                # long enough: `steps` steps, or with `faults` that many faults
+                enough = (sum(sched.Step.parse(t).kind in sched.FAULTS for t in out["steps"]) >= faults_wanted
+                          if faults_wanted else index >= steps_wanted)
+                if enough and not st.down:
                     break
                 # past the wanted length only the rejoin that ends a history is drawn
                 step = (sched.Step("rejoin", (st.down[0],), rng.choice(levels), rng.randint(300, 1500))
-                        if index >= steps_wanted else sched.next_step(rng, st, levels))
+                        if enough else draw(rng, st, levels, hc, covered, choices))
             index += 1
             out["steps"].append(str(step))
             srec: dict = {"step": index, "text": str(step)}
@@ -118,6 +155,8 @@ def run_history(bin_dir, seed: int | None, steps_wanted: int, given: list | None
                 srec.update(verdict.check_ledgers(hc, ledgers, srec["label"]))
                 srec.update(verdict.check_liveness(hc))
                 srec.update(verdict.check_convergence(hc))
+                if "killed" in srec:  # kill-proc: that node's reinitialization is the step's own doing
+                    scanner.expect_kill(*srec["killed"])
                 srec.update(verdict.check_logs(hc, scanner))
             except verdict.Failure as f:
                 out["failure"] = {"step": index, "kind": f.kind, "message": str(f)}
@@ -133,6 +172,7 @@ def run_history(bin_dir, seed: int | None, steps_wanted: int, given: list | None
                 out["failure"] = {"step": index, "kind": "lab", "message": f"lab: {type(e).__name__}: {e}"[:300],
                                   "detail": traceback.format_exc()[-3000:]}
             out.setdefault("records", []).append({k: v for k, v in srec.items() if k != "load"})
+            covered[cell(step, srec)] += 1
             log(f"history {seed if seed is not None else 'replay'} step {index}: {step}"
                 + (f" FAILED: {out['failure']['message'][:300]}" if out["failure"] else ""))
             if out["failure"]:
@@ -153,6 +193,7 @@ def run(ctx: Context, params: dict) -> list[dict]:
     if ctx.set_total:
         ctx.set_total(n, None)
     records = []
+    covered: Counter = Counter()  # the run's cells so far, for the draws
     for i in range(n):
         if ctx.deadline and time.monotonic() > ctx.deadline - 60:
             ctx.log(f"histories: time limit reached after {i} of {n} histories")
@@ -160,7 +201,8 @@ def run(ctx: Context, params: dict) -> list[dict]:
         seed = None if given is not None else int(params["seed"]) + i
         h = run_history(ctx.bin_dir, seed, int(params["steps"]), given, params["levels"], str(params["net"]),
                         float(params["wal_fsync_ms"]), logs_dir, log=ctx.log,
-                        server_settings=params["server_settings"])
+                        server_settings=params["server_settings"], covered=covered, choices=int(params["choices"]),
+                        faults_wanted=int(params["faults"]))
         h["replay"] = replay_command(ctx.bin_dir, [sched.Step.parse(s) for s in h["steps"]])
         if h["failure"] and h["failure"]["kind"] != "lab" and params["shrink"] and given is None:
             ctx.log(f"histories: history {seed} failed ({h['failure']['kind']}); shrinking {len(h['steps'])} steps")
