@@ -60,10 +60,7 @@ def _crash_in_recovery(hc: HistoryCluster, node, load: Load, moment_ms: int) -> 
     mark = (lambda: setattr(load, "fault_at", time.monotonic())) if node is hc.primary else None
     old_pm = node.pid()
     first = faults.crash([node], power_loss=True, proxies=feeds(), mark=mark)
-    for s in hc.standbys():
-        if s.upstream is node and s.proxy and s.proxy.proc.poll() is not None:
-            faults.heal(s)
-    _drop_garbled_lock_file(node)
+    _before_restart(hc, node)
     node.start(wait=False)
     # the lock file the power loss left names the old postmaster until the
     # new one writes its own
@@ -79,13 +76,19 @@ def _crash_in_recovery(hc: HistoryCluster, node, load: Load, moment_ms: int) -> 
 def _restart(hc: HistoryCluster, node, before_start=None) -> float:
     """Start a crashed node again, with new proxies for the links its power
     loss took down; returns the seconds its crash recovery took."""
+    _before_restart(hc, node, before_start)
+    return round(faults.start(node), 3)
+
+
+def _before_restart(hc: HistoryCluster, node, before_start=None) -> None:
+    """New proxies for the links a crashed node's power loss took down, and
+    no lock file it cannot start with."""
     for s in hc.standbys():
         if s.upstream is node and s.proxy and s.proxy.proc.poll() is not None:
             faults.heal(s)
     if before_start:
         before_start()
     _drop_garbled_lock_file(node)
-    return round(faults.start(node), 3)
 
 
 def _drop_garbled_lock_file(node) -> None:
@@ -248,42 +251,36 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
                 time.sleep(step.moment_ms / 1000)
             finally:
                 faults.release(target)
-        elif step.kind == "held-failover-both":
-            # the standby's fsyncs wait while its links flow: what it
-            # acknowledges meanwhile as flushed (on, remote_apply) must
-            # survive its power loss; released before it starts again
-            faults.hold(target)
-            try:
-                time.sleep(step.moment_ms / 1000)
-                proxies = [s.proxy.pid for s in hc.standbys()
-                           if s.upstream in (primary, target) and s.proxy and s.proxy.pid]
-                undone = faults.crash([primary, target], power_loss=True, proxies=proxies,
-                                      mark=lambda: setattr(load, "fault_at", time.monotonic()))
-            finally:
-                faults.release(target)
-            rec["undone"] = undone[primary.name]
-            rec["undone_target"] = undone[target.name]
-            rec["recovery_s"] = _restart(hc, target)
-            rec.update(hc.promote(target))
-        elif step.kind in ("failover", "failover-both"):
+        elif step.kind in FAILOVERS:
+            both = step.kind != "failover"  # the target loses power too
+            held = step.kind == "held-failover-both"
             proxies = [s.proxy.pid for s in hc.standbys() if s.upstream is primary and s.proxy and s.proxy.pid]
             crashed = [primary]
-            if step.kind == "failover-both":
+            if both:
                 # the target's own links die with it too
                 crashed.append(target)
                 proxies += [s.proxy.pid for s in hc.standbys() if s.upstream is target and s.proxy and s.proxy.pid]
-            if step.moment_ms:
+            if held:
+                # the target's fsyncs wait while its links flow: what it
+                # acknowledges meanwhile as flushed (on, remote_apply) must
+                # survive its power loss; released before it starts again
+                faults.hold(target)
+            elif step.moment_ms:
                 # the primary's links stall while the load goes on: commits
                 # that must wait for a standby wait, and the power loss takes
                 # what the links hold (a server that answered them anyway
                 # loses them)
                 for pid in proxies:
                     faults.stall(pid)
+            try:
                 time.sleep(step.moment_ms / 1000)
-            undone = faults.crash(crashed, power_loss=True, proxies=proxies,
-                                  mark=lambda: setattr(load, "fault_at", time.monotonic()))
+                undone = faults.crash(crashed, power_loss=True, proxies=proxies,
+                                      mark=lambda: setattr(load, "fault_at", time.monotonic()))
+            finally:
+                if held:
+                    faults.release(target)
             rec["undone"] = undone[primary.name]
-            if step.kind == "failover-both":
+            if both:
                 rec["undone_target"] = undone[target.name]
                 rec["recovery_s"] = _restart(hc, target)
             rec.update(hc.promote(target))
