@@ -372,13 +372,17 @@ def cmd_mutants(args) -> int:
     results = []
     for m in chosen:
         bin_dir = mutants.build(m)
-        r = mutants.hunt(m, bin_dir, args.budget, args.steps, args.seed, out / "logs")
-        results.append(r)
-        with open(out / "mutants.jsonl", "a") as f:
-            f.write(json.dumps(r) + "\n")
-        print(f"mutant {m.name}: " + (f"killed by history {r['seed']} step {r['step']} ({r['kind']}) "
-                                      f"after {r['histories']} histories" if r["killed"]
-                                      else f"SURVIVED {r['histories']} histories"), flush=True)
+        # round k draws from its own seeds: seed + k * budget onwards
+        for k in range(args.rounds):
+            r = mutants.hunt(m, bin_dir, args.budget, args.steps, args.seed + k * args.budget, out / "logs")
+            r["round"] = k + 1
+            results.append(r)
+            with open(out / "mutants.jsonl", "a") as f:
+                f.write(json.dumps(r) + "\n")
+            print(f"mutant {m.name}" + (f", round {k + 1}" if args.rounds > 1 else "") + ": "
+                  + (f"killed by history {r['seed']} step {r['step']} ({r['kind']}) "
+                     f"after {r['histories']} histories" if r["killed"]
+                     else f"SURVIVED {r['histories']} histories"), flush=True)
     (out / "report.md").write_text(mutants.report(results))
     print(mutants.report(results))
     print(f"results in {out}")
@@ -461,7 +465,10 @@ def main(argv=None) -> int:
                                         "until a verdict fails; exit 3 if a mutant survives")
     mu.add_argument("--only", nargs="+", metavar="NAME", help="these mutants (default: all)")
     mu.add_argument("--budget", type=int, default=10, help="histories per mutant at most (default %(default)s)")
-    mu.add_argument("--steps", type=int, default=8, help="steps per history (default %(default)s)")
+    mu.add_argument("--steps", type=int, default=12, help="steps per history (default %(default)s)")
+    mu.add_argument("--rounds", type=int, default=1,
+                    help="hunt each mutant this often, each round from its own seeds (seed + k x budget), "
+                         "for a median of histories to kill (default %(default)s)")
     mu.add_argument("--seed", type=int, default=1, help="seed of the first history (default %(default)s)")
     mu.add_argument("--results", help="results directory (default lab/results/mutants-TIME)")
     mu.add_argument("--list", action="store_true", help="list the mutants and exit")

@@ -145,11 +145,40 @@ def hunt(m: Mutant, bin_dir: Path, budget: int, steps: int, seed: int, logs_dir:
 
 
 
+def histories_to_kill(rounds: list[dict]) -> float | None:
+    """The median of a mutant's histories-to-kill over its rounds, a round
+    that survived counting as more than any kill (None when that is the
+    median: the mutant survives in at least half of its rounds)."""
+    n = sorted(r["histories"] if r["killed"] else float("inf") for r in rounds)
+    if not n:
+        return None
+    mid = len(n) // 2
+    med = n[mid] if len(n) % 2 else (n[mid - 1] + n[mid]) / 2
+    return None if med == float("inf") else med
+
+
 def report(results: list[dict]) -> str:
-    """A Markdown table: kill rate and histories to kill per mutant."""
-    killed = [r for r in results if r["killed"]]
-    lines = [f"{len(killed)} of {len(results)} mutants killed.", "",
-             "| mutant | breaks | killed | histories | verdict | seed, step |", "|---|---|---|---|---|---|"]
+    """A Markdown table: kill rate and histories to kill per mutant (one
+    row per mutant; with several rounds, each round's count and the
+    median)."""
+    by: dict[str, list[dict]] = {}
+    for r in results:
+        by.setdefault(r["mutant"], []).append(r)
+    killed = [name for name, rs in by.items() if all(r["killed"] for r in rs)]
+    rounds = max(len(rs) for rs in by.values()) if by else 0
+    lines = [f"{len(killed)} of {len(by)} mutants killed" + (f" in every one of their {rounds} rounds."
+                                                            if rounds > 1 else "."), ""]
+    if rounds > 1:
+        lines += ["| mutant | breaks | killed in | histories to kill, per round | median | verdicts |",
+                  "|---|---|---|---|---|---|"]
+        for name, rs in by.items():
+            counts = ", ".join(str(r["histories"]) if r["killed"] else f"survived {r['histories']}" for r in rs)
+            med = histories_to_kill(rs)
+            kinds = ", ".join(sorted({r["kind"] for r in rs if r["killed"]}))
+            lines.append(f"| {name} | {rs[0]['breaks']} | {sum(r['killed'] for r in rs)} of {len(rs)} | "
+                         f"{counts} | {'**survives**' if med is None else f'{med:g}'} | {kinds} |")
+        return "\n".join(lines) + "\n"
+    lines += ["| mutant | breaks | killed | histories | verdict | seed, step |", "|---|---|---|---|---|---|"]
     for r in results:
         runs = str(r["histories"])
         if r["lab_defects"]:

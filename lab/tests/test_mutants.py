@@ -37,3 +37,23 @@ def test_applies_to_the_series(m):
     r = subprocess.run([str(AS_USER), "git", "-c", "safe.directory=*", "-C", str(REPO / ".build/pg"),
                         "apply", "--check", str(m.path)], capture_output=True, text=True)
     assert r.returncode == 0, f"{m.name} no longer applies: {r.stderr}"
+
+
+def _round(killed, histories, kind="safety"):
+    return {"mutant": "m", "breaks": "b", "killed": killed, "histories": histories, "lab_defects": 0,
+            "kind": kind if killed else None, "seed": 1, "step": 1}
+
+
+def test_median_histories_to_kill_counts_a_surviving_round_as_more_than_any_kill():
+    assert mutants.histories_to_kill([_round(True, 3), _round(True, 1), _round(True, 7)]) == 3
+    assert mutants.histories_to_kill([_round(True, 2), _round(False, 10), _round(True, 9)]) == 9
+    assert mutants.histories_to_kill([_round(True, 2), _round(True, 4)]) == 3
+    # survives in at least half of its rounds: no median
+    assert mutants.histories_to_kill([_round(True, 2), _round(False, 10)]) is None
+    assert mutants.histories_to_kill([_round(False, 10), _round(False, 10), _round(True, 1)]) is None
+
+
+def test_report_with_rounds_names_the_survivals():
+    text = mutants.report([_round(True, 2), _round(False, 10), _round(True, 5, "liveness")])
+    assert "0 of 1 mutants killed in every one of their 3 rounds" in text
+    assert "| m | b | 2 of 3 | 2, survived 10, 5 | 5 | liveness, safety |" in text
