@@ -24,7 +24,7 @@ from pathlib import Path
 
 from . import cleanup, disk, netem, report, scenarios, shim
 from .store import Store, is_busy, machine_facts
-from .util import IN_CHECKOUT, LabError, default_pg_bin, results_dir, run
+from .util import IN_CHECKOUT, REPO, LabError, default_pg_bin, results_dir, run
 
 # Longest wait for the load of a preceding benchmark to decay before a scenario starts.
 QUIET_WAIT_S = 180.0
@@ -369,12 +369,18 @@ def cmd_mutants(args) -> int:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = Path(args.results) if args.results else results_dir(f"mutants-{stamp}")
     out.mkdir(parents=True, exist_ok=True)
+    # every kill is checked against the unmutated check build (server/pg build)
+    baseline = REPO / ".build" / "install" / "check" / "bin"
+    if not (baseline / "postgres").exists():
+        raise LabError(f"no unmutated check build in {baseline} to confirm kills against: "
+                       "run server/pg build first")
     results = []
     for m in chosen:
         bin_dir = mutants.build(m)
         # round k draws from its own seeds: seed + k * budget onwards
         for k in range(args.rounds):
-            r = mutants.hunt(m, bin_dir, args.budget, args.steps, args.seed + k * args.budget, out / "logs")
+            r = mutants.hunt(m, bin_dir, args.budget, args.steps, args.seed + k * args.budget, out / "logs",
+                             baseline_bin=baseline)
             r["round"] = k + 1
             results.append(r)
             with open(out / "mutants.jsonl", "a") as f:
@@ -386,6 +392,8 @@ def cmd_mutants(args) -> int:
     (out / "report.md").write_text(mutants.report(results))
     print(mutants.report(results))
     print(f"results in {out}")
+    if any(r.get("baseline_failures") for r in results):
+        return 4
     return 0 if all(r["killed"] for r in results) else 3
 
 
@@ -462,7 +470,8 @@ def main(argv=None) -> int:
     c.set_defaults(fn=cmd_clean)
     sub.add_parser("build-shim", help="compile the LD_PRELOAD shim and its probe").set_defaults(fn=cmd_build)
     mu = sub.add_parser("mutants", help="build the server with each mutant (lab/mutants/) and run histories "
-                                        "until a verdict fails; exit 3 if a mutant survives")
+                                        "until a verdict fails where the unmutated server holds; exit 3 if a "
+                                        "mutant survives, 4 if the unmutated server failed a history too")
     mu.add_argument("--only", nargs="+", metavar="NAME", help="these mutants (default: all)")
     mu.add_argument("--budget", type=int, default=10, help="histories per mutant at most (default %(default)s)")
     mu.add_argument("--steps", type=int, default=12, help="steps per history (default %(default)s)")

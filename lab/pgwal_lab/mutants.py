@@ -113,13 +113,20 @@ def build(m: Mutant, log=print) -> Path:
 
 
 def hunt(m: Mutant, bin_dir: Path, budget: int, steps: int, seed: int, logs_dir: Path | None,
-         log=print) -> dict:
+         log=print, baseline_bin: Path | None = None) -> dict:
     """Histories from consecutive seeds until one fails (killed) or `budget`
     ran, their draws weighted toward the cells the hunt has not covered yet
     (as a run of histories does).  A history that fails as a defect of the
-    explorer (kind `lab`) does not kill; it is counted."""
+    explorer (kind `lab`) does not kill; it is counted.
+
+    With `baseline_bin` (the unmutated build), a failure kills only if the
+    same schedule, replayed up to the failed step on the unmutated server,
+    holds: a failure the unmutated server shares is a finding about the
+    server (or the verdict), not about the mutant.  It is recorded under
+    `baseline_failures` and the hunt goes on."""
     from collections import Counter
 
+    from .history import schedule as sched
     from .scenarios import histories
 
     d = histories.DEFAULTS
@@ -137,8 +144,22 @@ def hunt(m: Mutant, bin_dir: Path, budget: int, steps: int, seed: int, logs_dir:
             res["lab_defects"] += 1
             continue
         if f:
+            failed = h["steps"][:f["step"]]
+            if baseline_bin is not None:
+                log(f"mutants: history {seed + i} failed ({f['kind']}); replaying its {len(failed)} steps on "
+                    f"the unmutated server")
+                b = histories.run_history(baseline_bin, None, 0, [sched.Step.parse(t) for t in failed],
+                                          d["levels"], d["net"], d["wal_fsync_ms"], logs_dir, log=log)
+                bf = b["failure"]
+                res["baseline_replays"] = res.get("baseline_replays", 0) + 1
+                if bf and bf["kind"] != "lab":
+                    log(f"mutants: the unmutated server fails it too ({bf['message'][:200]}): not a kill")
+                    res.setdefault("baseline_failures", []).append(
+                        {"seed": seed + i, "step": f["step"], "schedule": failed, "kind": bf["kind"],
+                         "message": bf["message"][:400], "mutant_message": f["message"][:400]})
+                    continue
             res.update(killed=True, kind=f["kind"], message=f["message"][:400], seed=seed + i,
-                       step=f["step"], schedule=h["steps"][:f["step"]])
+                       step=f["step"], schedule=failed)
             break
     res["seconds"] = round(time.monotonic() - t0, 1)
     return res
@@ -168,6 +189,13 @@ def report(results: list[dict]) -> str:
     rounds = max(len(rs) for rs in by.values()) if by else 0
     lines = [f"{len(killed)} of {len(by)} mutants killed" + (f" in every one of their {rounds} rounds."
                                                             if rounds > 1 else "."), ""]
+    shared = [(r["mutant"], b) for r in results for b in r.get("baseline_failures", [])]
+    if shared:
+        lines += [f"{len(shared)} failures were shared by the unmutated server (not kills; findings about "
+                  "the server or the verdict):", ""]
+        lines += [f"- {name}: history {b['seed']} step {b['step']} (`{b['schedule'][-1]}`): {b['message']}"
+                  for name, b in shared]
+        lines.append("")
     if rounds > 1:
         lines += ["| mutant | breaks | killed in | histories to kill, per round | median | verdicts |",
                   "|---|---|---|---|---|---|"]
