@@ -26,7 +26,11 @@ FAULTS = ("kill", "power", "standby-power", "failover", "failover-both", "partit
           "held-failover-both")
 
 # faults that are one of the first five with something done before the crash
-_AS = {"partition": "failover", "held-power": "power", "held-failover-both": "failover-both"}
+_AS = {"partition": "failover", "held-power": "power", "held-failover-both": "failover-both",
+       # the history explorer's: the old primary frozen, not dead, at the
+       # promotion, then fenced; what it acknowledged after it came back
+       # is judged as a failover's
+       "paused-failover": "failover"}
 
 FAULT_DOC = {
     "kill": "every primary process SIGKILLed at once; the primary restarts (crash recovery)",

@@ -45,6 +45,11 @@ KINDS = {
     "held-failover-both": (1, "the standby's WAL fsyncs held for the moment while the load goes on (a flush "
                               "worker's walreceiver acknowledges receipt meanwhile), then it and the primary lose "
                               "power together; it restarts and is promoted"),
+    "paused-failover": (0, "the primary stopped (SIGSTOP) for the moment with commits in flight, a standby "
+                           "promoted and the others repointed meanwhile; then the old primary continues for "
+                           "0.5 s (ZOMBIE_S), a zombie that still takes commits (those that wait for a standby find "
+                           "none), and is fenced (SIGKILL) as a cluster manager would; it stays down until a "
+                           "rejoin.  Drawn as a quarter of the failovers"),
     "kill-proc": (1, "one server process SIGKILLed (primary: a walsender or a client backend; standby: the "
                      "walreceiver, the startup process or the flush worker): its postmaster reinitializes, as "
                      "after a segfault or the OOM killer (after the startup process it exits instead, and the "
@@ -59,8 +64,10 @@ KINDS = {
 }
 # the faults that crash a node while the workload runs
 CRASHES = ("kill", "power", "switch-power", "held-power", "failover", "failover-both", "held-failover-both",
-           "kill-proc", "power-in-recovery")
-FAILOVERS = ("failover", "failover-both", "held-failover-both")
+           "kill-proc", "power-in-recovery", "paused-failover")
+FAILOVERS = ("failover", "failover-both", "held-failover-both", "paused-failover")
+# how long a paused-failover's old primary runs as a zombie before its fence
+ZOMBIE_S = 0.5
 # the steps that are faults (a history of N faults counts these)
 FAULTS = CRASHES + ("partition", "pause", "io-stall")
 # the processes kill-proc draws from, by role
@@ -167,7 +174,12 @@ def next_step(rng: random.Random, st: State, levels: list[str], load_ms=(300, 15
             # the links stall this long before the power loss, so commits are
             # in flight when it strikes; drawn from its own generator, so that
             # a seed's other draws stay what they were before the stall
-            stall = random.Random(load * 1_000_003 + sum(map(ord, target))).randint(*stall_ms)
+            side = random.Random(load * 1_000_003 + sum(map(ord, target)))
+            stall = side.randint(*stall_ms)
+            # a quarter of the plain failovers find the primary frozen rather
+            # than dead, and it comes back (from the same side generator)
+            if kind == "failover" and side.random() < 0.25:
+                kind = "paused-failover"
             return Step(kind, (target,), level, load, stall)
         if kind == "kill-proc":
             node = rng.choice(live)

@@ -35,7 +35,7 @@ from ..util import LabError, wait_for
 from . import verdict
 from .verdict import START_S
 from .cluster import HistoryCluster, wait_accepting
-from .schedule import CRASHES, FAILOVERS, Step
+from .schedule import CRASHES, FAILOVERS, ZOMBIE_S, Step
 
 
 def _crash(hc: HistoryCluster, node, power_loss: bool, load: Load, before_start=None) -> dict:
@@ -163,6 +163,31 @@ def _kill_process(hc: HistoryCluster, node, proc: str, load: Load) -> dict:
     return out
 
 
+def _paused_failover(hc: HistoryCluster, primary, target, load: Load, moment_ms: int) -> dict:
+    """The primary frozen (SIGSTOP) with commits in flight for `moment_ms`,
+    `target` promoted and the others repointed while it is; then the old
+    primary continues for ZOMBIE_S, a zombie that still thinks it is
+    primary: its sessions go on, and a commit that waits for a standby
+    finds none (the standbys follow the new primary, their old links are
+    gone).  Then it is fenced, SIGKILLed as a cluster manager that lost
+    its lease does, and stays down until a rejoin, which rewinds what it
+    wrote as a zombie.  A commit it acknowledged meanwhile at a level that
+    waits for a standby is a broken promise: the verdict judges the step
+    as a failover."""
+    load.fault_at = time.monotonic()  # the fence ends the primary's sessions
+    stopped = faults.pause(primary)
+    try:
+        time.sleep(moment_ms / 1000)
+        out = hc.promote(target)
+    finally:
+        faults.resume(stopped)
+    time.sleep(ZOMBIE_S)
+    undone = faults.crash([primary], power_loss=False)
+    out["undone"] = undone[primary.name]
+    out["zombie_s"] = ZOMBIE_S
+    return out
+
+
 def target_state(hc: HistoryCluster, step: Step, sync_name: str | None) -> dict:
     """The role of the node a step acts on, and the features in effect there,
     as the step begins: the report's coverage matrix counts steps by them."""
@@ -251,6 +276,8 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
                 time.sleep(step.moment_ms / 1000)
             finally:
                 faults.release(target)
+        elif step.kind == "paused-failover":
+            rec.update(_paused_failover(hc, primary, target, load, step.moment_ms))
         elif step.kind in FAILOVERS:
             both = step.kind != "failover"  # the target loses power too
             held = step.kind == "held-failover-both"
