@@ -187,6 +187,36 @@ def test_a_frozen_primary_comes_back_as_a_zombie_and_is_fenced(pg_bin, tmp_path)
     assert control["acked_lost"] > 0, "the zombie acknowledged nothing at local: the step did not bite"
 
 
+def test_a_full_disk_on_any_node_loses_nothing(pg_bin, tmp_path):
+    # a standby whose disk fills cannot replay (its startup process fails
+    # to extend a relation, and its postmaster gives up): it is started
+    # again and catches up; the primary's statements that need space fail,
+    # and those it acknowledged at local and above stay.  A power loss of
+    # each node afterwards shows the emulated page cache exact again (the
+    # writes the shim could not record while the disk was full were
+    # written back)
+    records = _history(pg_bin, tmp_path, schedule="disk-full:n2@on/600/1500 power:n2@on/400/0 "
+                       "disk-full:n1@on+early_release/900/2000 power:n1@remote_write/600/0 "
+                       "disk-full:n4@remote_receive/600/1500 failover:n2@on/600/200 rejoin:n1@on/400/0")
+    assert histories.failures(records) is None, histories.failures(records)
+    (h,) = records
+    assert not h["skipped"], h["skipped"]
+    recs = h["records"]
+    assert [r["label"] for r in recs[:3]] == ["none", "standby-power", "kill"]
+    assert recs[0]["disk_full_mb"] > 0 and "restarted" in recs[0]
+    assert all(r["acked"] > 0 for r in recs[:5])
+
+
+def test_a_third_of_the_stalled_disks_are_full_instead():
+    rng = random.Random(8)
+    kinds = [sched.next_step(rng, _state(), LEVELS).kind for _ in range(3000)]
+    stalls, full = kinds.count("io-stall"), kinds.count("disk-full")
+    assert 0.2 < full / (stalls + full) < 0.5, (stalls, full)
+    st = _state()
+    st.has_disks = False
+    assert "file systems" in sched.applicable(sched.Step("disk-full", ("n1",)), st)
+
+
 def test_a_quarter_of_the_failovers_find_the_primary_frozen():
     rng = random.Random(5)
     kinds = [sched.next_step(rng, _state(), LEVELS).kind for _ in range(3000)]

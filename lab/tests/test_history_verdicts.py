@@ -258,6 +258,33 @@ def test_a_kill_the_step_sent_is_expected_there_and_nothing_else(tmp_path):
     assert s.scan([n2, n3])[0] == []
 
 
+def test_a_full_disk_may_panic_its_node_and_nothing_else(tmp_path):
+    n1, n2 = _node(tmp_path, "n1"), _node(tmp_path, "n2")
+    panic = [
+        "2026-12-03 06:43:00 UTC [160] PANIC:  could not write to file \"pg_wal/xlogtemp.160\": No space left on device",
+        "2026-12-03 06:43:00 UTC [100] LOG:  client backend (PID 160) was terminated by signal 6: Aborted",
+        "2026-12-03 06:43:00 UTC [100] LOG:  terminating any other active server processes",
+        "2026-12-03 06:43:01 UTC [100] LOG:  all server processes terminated; reinitializing",
+    ]
+    n1.logfile.write_text("\n".join(QUIET + panic) + "\n")
+    n2.logfile.write_text("\n".join(QUIET + panic) + "\n")
+    s = LogScanner()
+    s.expect_disk_full("n1")
+    found, _ = s.scan([n1, n2])
+    assert {f.node for f in found} == {"n2"} and len(found) == 4
+    # another PANIC, another signal and a TRAP still fail there, and only
+    # the step's own scan expects anything
+    with open(n1.logfile, "a") as f:
+        f.write("2026-12-03 06:44:00 UTC [170] PANIC:  could not locate a valid checkpoint record\n"
+                "2026-12-03 06:44:00 UTC [100] LOG:  startup process (PID 170) was terminated by signal 9: Killed\n"
+                "TRAP: failed Assert(\"false\"), File: \"xlog.c\", Line: 1, PID: 171\n")
+    s.expect_disk_full("n1")
+    assert sorted(f.kind for f in s.scan([n1, n2])[0]) == ["panic", "signal", "trap"]
+    with open(n1.logfile, "a") as f:
+        f.write(panic[0].replace("[160]", "[180]") + "\n")
+    assert [f.kind for f in s.scan([n1, n2])[0]] == ["panic"]
+
+
 def test_reads_are_counted_per_reader_kind():
     from pgwal_lab.history import report
 

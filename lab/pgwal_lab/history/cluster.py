@@ -198,7 +198,8 @@ class HistoryCluster:
         fw_on = tuple(s.name for s in self.standbys()
                       if {**self.c.spec.settings, **s.conf_extra}.get("wal_receiver_flush_worker") == "on")
         return State(self.primary.name, {s.name: s.upstream.name for s in self.standbys()}, list(self.down),
-                     has_uw, has_fw, self.c.sync_first, fw_on, has_summarize)
+                     has_uw, has_fw, self.c.sync_first, fw_on, has_summarize,
+                     all(n.disk.mounted for n in self.c.nodes.values()))
 
     def sync_standby(self) -> str | None:
         """The standby the primary's synchronous commits wait for now."""

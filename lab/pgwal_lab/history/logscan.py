@@ -16,7 +16,12 @@ scan are read and these fail the history:
   "all server processes terminated; reinitializing"): a crash-restart cycle
   nobody asked for.
 
-The one exception is the `kill-proc` step, which SIGKILLs one server
+A `disk-full` step expects, on its node only, a PANIC that says "No space
+left on device" (a WAL segment it could not create), the abort (signal 6)
+the PANIC ends in, and the reinitialization that follows; a TRAP, any other
+PANIC or signal still fails.
+
+The other exception is the `kill-proc` step, which SIGKILLs one server
 process on purpose: on that node, in that step's scan, the line naming
 that process's exit by signal 9 and the reinitialization it causes are
 expected (another process the reinitialization had to SIGKILL too); any
@@ -113,13 +118,25 @@ class LogScanner:
     def __init__(self):
         self.logs: dict[str, NodeLog] = {}
         self.expected: dict[str, int] = {}  # node -> pid a kill-proc step killed
+        self.disk_full: set = set()  # nodes a disk-full step filled
 
     def expect_kill(self, node: str, pid: int) -> None:
         """The next scan expects `node` to log the SIGKILL of `pid` and to
         reinitialize after it."""
         self.expected[node] = int(pid)
 
+    def expect_disk_full(self, node: str) -> None:
+        """The next scan allows `node` to PANIC for want of space, and what follows."""
+        self.disk_full.add(node)
+
     def _expected(self, f: Finding, seen_kill: set) -> bool:
+        if f.node in self.disk_full:
+            if f.kind == "panic" and "No space left on device" in f.line:
+                return True
+            if f.kind == "signal" and re.search(r"was terminated by signal 6\b", f.line):
+                return True
+            if f.kind == "crash-restart":
+                return True
         pid = self.expected.get(f.node)
         if pid is None:
             return False
@@ -150,4 +167,5 @@ class LogScanner:
         findings += [Finding(node, "kill-not-logged", f"no line logs the SIGKILL of PID {pid} that the step sent")
                      for node, pid in self.expected.items() if node not in seen_kill]
         self.expected = {}
+        self.disk_full = set()
         return findings, repl

@@ -61,6 +61,10 @@ KINDS = {
     "io-stall": (1, "a node's WAL fsyncs held for the moment while the load goes on (a disk that stalls), then "
                     "released"),
     "summarize": (1, "summarize_wal set on every node (on or off)"),
+    "disk-full": (0, "a node's file system (data directory and pg_wal) filled for the moment while the load goes "
+                     "on, then freed: writes that need new space fail (a WAL segment that cannot be created is a "
+                     "PANIC), the node must serve again without help, or after one start where its postmaster "
+                     "gave up.  Drawn as a third of the io-stall steps"),
 }
 # the faults that crash a node while the workload runs
 CRASHES = ("kill", "power", "switch-power", "held-power", "failover", "failover-both", "held-failover-both",
@@ -69,7 +73,7 @@ FAILOVERS = ("failover", "failover-both", "held-failover-both", "paused-failover
 # how long a paused-failover's old primary runs as a zombie before its fence
 ZOMBIE_S = 0.5
 # the steps that are faults (a history of N faults counts these)
-FAULTS = CRASHES + ("partition", "pause", "io-stall")
+FAULTS = CRASHES + ("partition", "pause", "io-stall", "disk-full")
 # the processes kill-proc draws from, by role
 PRIMARY_PROCS = ("walsender", "backend")
 STANDBY_PROCS = ("walreceiver", "startup")
@@ -119,6 +123,7 @@ class State:
     sync_first: str | None = None     # the candidate a `sync` step put first
     fw_on: tuple = ()                 # standbys whose flush worker is on
     has_summarize: bool = False       # the server has summarize_wal (17 on)
+    has_disks: bool = True            # every node has a file system of its own (disk-full)
 
     def direct(self) -> list:
         """The primary's direct standbys, in name order."""
@@ -187,7 +192,12 @@ def next_step(rng: random.Random, st: State, levels: list[str], load_ms=(300, 15
                 STANDBY_PROCS + (("flush-worker",) if node in st.fw_on else ())
             return Step(kind, (node, rng.choice(procs)), level, load)
         if kind in ("pause", "io-stall"):
-            return Step(kind, (rng.choice(live),), level, load, rng.randint(*pause_ms))
+            node, moment = rng.choice(live), rng.randint(*pause_ms)
+            # a third of the stalled disks are full instead (decided from a
+            # generator of their own, so a seed's other draws stay as they were)
+            if kind == "io-stall" and st.has_disks and random.Random(load * 7_919 + moment).random() < 1 / 3:
+                kind = "disk-full"
+            return Step(kind, (node,), level, load, moment)
         if kind == "summarize" and st.has_summarize:
             return Step(kind, (rng.choice(["on", "off"]),), level, load)
         if kind == "partition" and st.standbys:
@@ -243,7 +253,9 @@ def applicable(step: Step, st: State) -> str | None:
         if a[1] == "flush-worker" and a[0] not in st.fw_on:
             return f"{a[0]}'s flush worker is off"
         return None
-    if step.kind in ("pause", "io-stall"):
+    if step.kind in ("pause", "io-stall", "disk-full"):
+        if step.kind == "disk-full" and not st.has_disks:
+            return "the nodes have no file systems of their own (not root, or PGWAL_LAB_NO_LOOP)"
         return None if a and a[0] in live else f"{a[0] if a else '?'} is not running"
     if step.kind == "summarize":
         return None if st.has_summarize else "the server has no summarize_wal"

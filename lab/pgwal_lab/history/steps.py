@@ -28,6 +28,7 @@ import os
 import signal
 import time
 
+from .. import power
 from ..audit import faults
 from ..audit.ledger import READER_KINDS, Load
 from ..scenarios.audit import session_settings
@@ -105,6 +106,11 @@ def _drop_garbled_lock_file(node) -> None:
 
 
 def label_of(hc: HistoryCluster, step: Step, sync_name: str | None) -> str:
+    if step.kind == "disk-full":
+        # a full disk can PANIC the primary (a WAL segment it cannot create):
+        # judged as a crash that keeps the page cache; on a standby nothing
+        # the primary acknowledged may go
+        return "kill" if step.args[0] == hc.primary.name else verdict.NONE
     if step.kind not in CRASHES:
         return verdict.NONE
     target = step.args[0]
@@ -160,6 +166,70 @@ def _kill_process(hc: HistoryCluster, node, proc: str, load: Load) -> dict:
         wait_for(lambda: not faults.exists(pid), 30, f"{node.name}'s {proc} to be reaped", interval=0.005)
         wait_accepting(node, START_S)
         out["recovery_s"] = round(time.monotonic() - t0, 3)
+    return out
+
+
+def _disk_full(hc: HistoryCluster, node, load: Load, moment_ms: int) -> dict:
+    """Fill the node's file system for `moment_ms` while the load goes on,
+    then free it.  The ballast is allocated by root, so the file system's
+    reserved blocks stay free for root only: the server user meets ENOSPC at
+    its next write that needs new space (a relation extended, a WAL segment
+    created, a horizon or history file written).  A WAL segment that cannot
+    be created is a PANIC, and the postmaster reinitializes; if its startup
+    then failed while the disk was still full, the postmaster has exited,
+    and the node is started again, as a cluster manager would."""
+    mount = node.disk.mountpoint
+    if not node.disk.mounted:
+        raise LabError(f"disk-full: {node.name} has no file system of its own")
+    if node is hc.primary:
+        load.fault_at = time.monotonic()  # statements that need space fail: allowed on the primary
+    pm = node.pid()
+    ballast = mount / "ballast"
+    vfs = os.statvfs(mount)
+    size = vfs.f_bavail * vfs.f_frsize
+    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, size)
+        vfs = os.statvfs(mount)
+        left = vfs.f_bavail * vfs.f_frsize
+        if left > 1 << 20:
+            raise LabError(f"disk-full: {node.name}'s file system still has {left >> 10} kB free for the "
+                           "server user after the ballast: the disk is not full")
+        time.sleep(moment_ms / 1000)
+    finally:
+        os.close(fd)
+        ballast.unlink()
+    out = {"disk_full_mb": size >> 20, "restarted": False}
+    t0 = time.monotonic()
+    while not faults.accepts(node):
+        if pm is None or not faults.alive(pm):
+            # its startup (after a PANIC) failed while the disk was full, and
+            # the postmaster gave up
+            node.running = False
+            out["restarted"] = True
+            _restart(hc, node)
+            break
+        if time.monotonic() - t0 > START_S:
+            raise LabError(f"disk-full: {node.name} did not accept connections within {START_S} s after its "
+                           "disk was freed")
+        time.sleep(0.05)
+    out["recovery_s"] = round(time.monotonic() - t0, 3)
+    # While the disk was full the shim could not record what some writes
+    # replaced (its undo logs need space too): a later power loss could not
+    # undo them.  So the step ends as if the OS had written its page cache
+    # back (a real kernel may do that any time): every write so far is
+    # durable, and the emulation is exact again from here.  Any other
+    # failure of the shim stays loud.
+    vdir = faults.volatile_dir(node)
+    failed = vdir / "FAILED"
+    if failed.exists():
+        lines = failed.read_text().splitlines()
+        other = [ln for ln in lines if not ("cannot record a write" in ln and "No space left on device" in ln)]
+        if other:
+            raise LabError(f"disk-full: the volatile page cache of {node.name} failed otherwise: {other[:3]}")
+        failed.unlink()
+        out["unrecorded_writes"] = len(lines)
+    out["written_back_logs"] = power.write_back(vdir)
     return out
 
 
@@ -270,6 +340,8 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
                 time.sleep(step.moment_ms / 1000)
             finally:
                 faults.resume(stopped)
+        elif step.kind == "disk-full":
+            rec.update(_disk_full(hc, target, load, step.moment_ms))
         elif step.kind == "io-stall":
             faults.hold(target)
             try:

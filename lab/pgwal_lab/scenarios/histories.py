@@ -157,6 +157,8 @@ def run_history(bin_dir, seed: int | None, steps_wanted: int, given: list | None
                 srec.update(verdict.check_convergence(hc))
                 if "killed" in srec:  # kill-proc: that node's reinitialization is the step's own doing
                     scanner.expect_kill(*srec["killed"])
+                if "disk_full_mb" in srec:
+                    scanner.expect_disk_full(step.args[0])
                 srec.update(verdict.check_logs(hc, scanner))
             except verdict.Failure as f:
                 out["failure"] = {"step": index, "kind": f.kind, "message": str(f)}
