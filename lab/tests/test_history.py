@@ -195,16 +195,20 @@ def test_a_full_disk_on_any_node_loses_nothing(pg_bin, tmp_path):
     # each node afterwards shows the emulated page cache exact again (the
     # writes the shim could not record while the disk was full were
     # written back)
+    # ... and a full archive makes every archiver fail and retry, and
+    # loses nothing
     records = _history(pg_bin, tmp_path, schedule="disk-full:n2@on/600/1500 power:n2@on/400/0 "
                        "disk-full:n1@on+early_release/900/2000 power:n1@remote_write/600/0 "
-                       "disk-full:n4@remote_receive/600/1500 failover:n2@on/600/200 rejoin:n1@on/400/0")
+                       "disk-full:n4@remote_receive/600/1500 disk-full:archive@on/400/3000 "
+                       "failover:n2@on/600/200 rejoin:n1@on/400/0")
     assert histories.failures(records) is None, histories.failures(records)
     (h,) = records
     assert not h["skipped"], h["skipped"]
     recs = h["records"]
     assert [r["label"] for r in recs[:3]] == ["none", "standby-power", "kill"]
     assert recs[0]["disk_full_mb"] > 0 and "restarted" in recs[0]
-    assert all(r["acked"] > 0 for r in recs[:5])
+    assert recs[5]["label"] == "none" and recs[5]["archive_failures"] > 0
+    assert all(r["acked"] > 0 for r in recs[:6])
 
 
 def test_a_third_of_the_stalled_disks_are_full_instead():
@@ -212,6 +216,11 @@ def test_a_third_of_the_stalled_disks_are_full_instead():
     kinds = [sched.next_step(rng, _state(), LEVELS).kind for _ in range(3000)]
     stalls, full = kinds.count("io-stall"), kinds.count("disk-full")
     assert 0.2 < full / (stalls + full) < 0.5, (stalls, full)
+    rng = random.Random(8)
+    targets = [s.args[0] for s in (sched.next_step(rng, _state(), LEVELS) for _ in range(3000))
+               if s.kind == "disk-full"]
+    assert 0.1 < targets.count("archive") / len(targets) < 0.45
+    assert sched.applicable(sched.Step("disk-full", ("archive",)), _state()) is None
     st = _state()
     st.has_disks = False
     assert "file systems" in sched.applicable(sched.Step("disk-full", ("n1",)), st)

@@ -6,7 +6,8 @@ Every standby streams through a delay proxy (so any link can be cut),
 every node has a volatile page cache (power loss) and WAL fsyncs the audit
 can hold, accepts unflushed WAL where the server has
 wal_receiver_accept_unflushed, and archives with archive_mode = always
-into one shared archive.
+into one shared archive, on a file system of its own (so that a
+`disk-full:archive` step can fill it).
 
 The archive command links a copy of the segment under its name and
 refuses a name that already holds other bytes: the other copy is kept in
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from .. import topology
 from ..audit import faults
+from ..disk import Disk
 from ..util import LabError, chown_to_pg, run, wait_for
 
 NAMES = ("n1", "n2", "n3", "n4")
@@ -105,12 +107,18 @@ class HistoryCluster:
 
         self.c.primary.net_profile = netem.profile(net)
         self.down: list[str] = []
-        self.archive = self.c.root / "archive"
+        self.archive_disk = Disk(f"{self.c.id}-archive", self.c.root / "archive-fs", 4096)
+        self.archive = self.archive_disk.mountpoint / "archive"
         self._archive_checked: set = set()  # (primary, segment) found equal
 
     # --- set-up ----------------------------------------------------------
     def __enter__(self) -> "HistoryCluster":
         self.c.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.archive_disk.create()
+        except BaseException:
+            self.archive_disk.destroy()
+            raise
         for d in (self.archive, self.archive / "conflicts", self.archive / "tmp"):
             d.mkdir(parents=True, exist_ok=True)
             chown_to_pg(d)
@@ -137,7 +145,7 @@ class HistoryCluster:
             self.c.wait_streaming()
             self.proof = self.prove()
         except BaseException:
-            self.c.destroy()
+            self._destroy()
             raise
         return self
 
@@ -166,7 +174,15 @@ class HistoryCluster:
         return out
 
     def __exit__(self, *exc) -> None:
-        self.c.destroy()
+        self._destroy()
+
+    def _destroy(self) -> None:
+        # the nodes (and their archivers) stop before the archive goes
+        try:
+            self.c.destroy()
+        finally:
+            self.archive_disk.destroy()
+            shutil.rmtree(self.c.root, ignore_errors=True)
 
     # --- roles -----------------------------------------------------------
     @property
@@ -199,7 +215,7 @@ class HistoryCluster:
                       if {**self.c.spec.settings, **s.conf_extra}.get("wal_receiver_flush_worker") == "on")
         return State(self.primary.name, {s.name: s.upstream.name for s in self.standbys()}, list(self.down),
                      has_uw, has_fw, self.c.sync_first, fw_on, has_summarize,
-                     all(n.disk.mounted for n in self.c.nodes.values()))
+                     self.archive_disk.mounted and all(n.disk.mounted for n in self.c.nodes.values()))
 
     def sync_standby(self) -> str | None:
         """The standby the primary's synchronous commits wait for now."""

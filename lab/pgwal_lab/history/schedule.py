@@ -61,10 +61,11 @@ KINDS = {
     "io-stall": (1, "a node's WAL fsyncs held for the moment while the load goes on (a disk that stalls), then "
                     "released"),
     "summarize": (1, "summarize_wal set on every node (on or off)"),
-    "disk-full": (0, "a node's file system (data directory and pg_wal) filled for the moment while the load goes "
-                     "on, then freed: writes that need new space fail (a WAL segment that cannot be created is a "
-                     "PANIC), the node must serve again without help, or after one start where its postmaster "
-                     "gave up.  Drawn as a third of the io-stall steps"),
+    "disk-full": (0, "a node's file system (data directory and pg_wal), or the shared archive's, filled for the "
+                     "moment while the load goes on, then freed: writes that need new space fail (a WAL segment "
+                     "that cannot be created is a PANIC; archiving fails and is retried), the node must serve "
+                     "again without help, or after one start where its postmaster gave up.  Drawn as a third of "
+                     "the io-stall steps, a quarter of those on the archive"),
 }
 # the faults that crash a node while the workload runs
 CRASHES = ("kill", "power", "switch-power", "held-power", "failover", "failover-both", "held-failover-both",
@@ -195,8 +196,11 @@ def next_step(rng: random.Random, st: State, levels: list[str], load_ms=(300, 15
             node, moment = rng.choice(live), rng.randint(*pause_ms)
             # a third of the stalled disks are full instead (decided from a
             # generator of their own, so a seed's other draws stay as they were)
-            if kind == "io-stall" and st.has_disks and random.Random(load * 7_919 + moment).random() < 1 / 3:
+            side = random.Random(load * 7_919 + moment)
+            if kind == "io-stall" and st.has_disks and side.random() < 1 / 3:
                 kind = "disk-full"
+                if side.random() < 0.25:  # the shared archive's
+                    node = "archive"
             return Step(kind, (node,), level, load, moment)
         if kind == "summarize" and st.has_summarize:
             return Step(kind, (rng.choice(["on", "off"]),), level, load)
@@ -256,6 +260,8 @@ def applicable(step: Step, st: State) -> str | None:
     if step.kind in ("pause", "io-stall", "disk-full"):
         if step.kind == "disk-full" and not st.has_disks:
             return "the nodes have no file systems of their own (not root, or PGWAL_LAB_NO_LOOP)"
+        if step.kind == "disk-full" and a and a[0] == "archive":
+            return None
         return None if a and a[0] in live else f"{a[0] if a else '?'} is not running"
     if step.kind == "summarize":
         return None if st.has_summarize else "the server has no summarize_wal"

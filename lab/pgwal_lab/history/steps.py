@@ -108,8 +108,8 @@ def _drop_garbled_lock_file(node) -> None:
 def label_of(hc: HistoryCluster, step: Step, sync_name: str | None) -> str:
     if step.kind == "disk-full":
         # a full disk can PANIC the primary (a WAL segment it cannot create):
-        # judged as a crash that keeps the page cache; on a standby nothing
-        # the primary acknowledged may go
+        # judged as a crash that keeps the page cache; on a standby or the
+        # archive nothing the primary acknowledged may go
         return "kill" if step.args[0] == hc.primary.name else verdict.NONE
     if step.kind not in CRASHES:
         return verdict.NONE
@@ -169,6 +169,54 @@ def _kill_process(hc: HistoryCluster, node, proc: str, load: Load) -> dict:
     return out
 
 
+def _fill(mount, what: str):
+    """A ballast file that leaves the server user no space on `mount`
+    (allocated by root: the reserved blocks stay root's); returns its
+    path and size.  Fails if the file system is not full after it."""
+    ballast = mount / "ballast"
+    vfs = os.statvfs(mount)
+    size = vfs.f_bavail * vfs.f_frsize
+    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except BaseException:
+        ballast.unlink()
+        raise
+    finally:
+        os.close(fd)
+    vfs = os.statvfs(mount)
+    left = vfs.f_bavail * vfs.f_frsize
+    if left > 1 << 20:
+        ballast.unlink()
+        raise LabError(f"disk-full: {what} still has {left >> 10} kB free for the server user after the "
+                       "ballast: the disk is not full")
+    return ballast, size
+
+
+def _archive_full(hc: HistoryCluster, moment_ms: int) -> dict:
+    """The shared archive's file system filled for `moment_ms`: every
+    node's archive_command fails (cp: no space) and is retried; nothing may
+    be lost and archiving must catch up once it is freed (the verdict
+    compares the archive with the primary's WAL)."""
+    if not hc.archive_disk.mounted:
+        raise LabError("disk-full: the archive has no file system of its own")
+
+    def failed() -> int:
+        return sum(n.scalar("SELECT failed_count FROM pg_stat_archiver") or 0 for n in hc.live())
+
+    before = failed()
+    ballast, size = _fill(hc.archive_disk.mountpoint, "the archive")
+    try:
+        # a segment to archive now (the archivers are woken at once), so
+        # that the full archive is met within the moment
+        hc.primary.sql("SELECT pg_switch_wal()")
+        time.sleep(moment_ms / 1000)
+    finally:
+        ballast.unlink()
+    # how often archiving failed meanwhile: the fault bit
+    return {"disk_full_mb": size >> 20, "archive_failures": failed() - before}
+
+
 def _disk_full(hc: HistoryCluster, node, load: Load, moment_ms: int) -> dict:
     """Fill the node's file system for `moment_ms` while the load goes on,
     then free it.  The ballast is allocated by root, so the file system's
@@ -184,20 +232,10 @@ def _disk_full(hc: HistoryCluster, node, load: Load, moment_ms: int) -> dict:
     if node is hc.primary:
         load.fault_at = time.monotonic()  # statements that need space fail: allowed on the primary
     pm = node.pid()
-    ballast = mount / "ballast"
-    vfs = os.statvfs(mount)
-    size = vfs.f_bavail * vfs.f_frsize
-    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    ballast, size = _fill(mount, f"{node.name}'s file system")
     try:
-        os.posix_fallocate(fd, 0, size)
-        vfs = os.statvfs(mount)
-        left = vfs.f_bavail * vfs.f_frsize
-        if left > 1 << 20:
-            raise LabError(f"disk-full: {node.name}'s file system still has {left >> 10} kB free for the "
-                           "server user after the ballast: the disk is not full")
         time.sleep(moment_ms / 1000)
     finally:
-        os.close(fd)
         ballast.unlink()
     out = {"disk_full_mb": size >> 20, "restarted": False}
     t0 = time.monotonic()
@@ -340,6 +378,8 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
                 time.sleep(step.moment_ms / 1000)
             finally:
                 faults.resume(stopped)
+        elif step.kind == "disk-full" and step.args[0] == "archive":
+            rec.update(_archive_full(hc, step.moment_ms))
         elif step.kind == "disk-full":
             rec.update(_disk_full(hc, target, load, step.moment_ms))
         elif step.kind == "io-stall":
