@@ -278,6 +278,9 @@ def test_the_faults_real_clusters_meet_hold_on_a_correct_server(pg_bin, tmp_path
     last = recs[-1]
     assert last["label"] == "held-failover-both" and last["role"] == "sync" and last["features"] == "uw+accepts+fw"
     assert last["acked"] > 0 and "recovery_s" in last
+    # while a standby's fsyncs were held, what it reported flushed was
+    # watched against what it had written when the hold began
+    assert recs[0]["held_written"] and last["held_written"]
 
 
 def test_short_history_stock(stock_bin, tmp_path):

@@ -30,7 +30,9 @@ _AS = {"partition": "failover", "held-power": "power", "held-failover-both": "fa
        # the history explorer's: the old primary frozen, not dead, at the
        # promotion, then fenced; what it acknowledged after it came back
        # is judged as a failover's
-       "paused-failover": "failover"}
+       "paused-failover": "failover",
+       # the promoted standby loses power too, only later (while it promotes)
+       "promote-power": "failover-both"}
 
 FAULT_DOC = {
     "kill": "every primary process SIGKILLed at once; the primary restarts (crash recovery)",

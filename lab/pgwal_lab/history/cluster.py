@@ -300,13 +300,25 @@ class HistoryCluster:
         self.become_standby(node)
         return out
 
-    def promote(self, node) -> dict:
+    def promote(self, node, crash_after_ms: int | None = None, crash=None) -> dict:
         """Promote a standby whose primary is gone; every standby of the old
-        primary follows it, rewound first where it replayed past the fork."""
+        primary follows it, rewound first where it replayed past the fork.
+        With `crash_after_ms`, `crash()` (a power loss and restart of the
+        node) strikes that long after the promotion was requested, while it
+        runs; a node that comes back still a standby is promoted again."""
         old = self.primary
         node.stop_proxy()
         t0 = time.monotonic()
-        faults.promote(node)
+        extra: dict = {}
+        if crash_after_ms is None:
+            faults.promote(node)
+        else:
+            node.run_pg([node.bin("pg_ctl"), "-D", node.datadir, "-W", "promote"], timeout=30)
+            time.sleep(crash_after_ms / 1000)
+            extra = crash()
+            extra["promoted_before_crash"] = not node.scalar("SELECT pg_is_in_recovery()")
+            if not extra["promoted_before_crash"]:
+                faults.promote(node)
         node.upstream = None
         self.c.primary = node
         node.sync = False
@@ -337,7 +349,7 @@ class HistoryCluster:
             rewound += [g.name for g in group]
         self.refresh_sync_names()
         return {"promote_s": round(time.monotonic() - t0, 3), "rewound": rewound,
-                "fork": f"{fork[0]}@{fork[1]:X}" if fork else None}
+                "fork": f"{fork[0]}@{fork[1]:X}" if fork else None, **extra}
 
     def rejoin(self, name: str) -> str:
         """A former primary rewound against the primary and started as its standby."""

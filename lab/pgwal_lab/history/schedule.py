@@ -50,6 +50,9 @@ KINDS = {
                            "0.5 s (ZOMBIE_S), a zombie that still takes commits (those that wait for a standby find "
                            "none), and is fenced (SIGKILL) as a cluster manager would; it stays down until a "
                            "rejoin.  Drawn as a quarter of the failovers"),
+    "promote-power": (0, "as failover, and the promoted standby loses power the given milliseconds after its "
+                         "promotion was requested (promote-power:N:MS), while it promotes; it restarts, and is "
+                         "promoted again if it came back a standby.  Drawn as a fifth of the other failovers"),
     "kill-proc": (1, "one server process SIGKILLed (primary: a walsender or a client backend; standby: the "
                      "walreceiver, the startup process or the flush worker): its postmaster reinitializes, as "
                      "after a segfault or the OOM killer (after the startup process it exits instead, and the "
@@ -69,8 +72,8 @@ KINDS = {
 }
 # the faults that crash a node while the workload runs
 CRASHES = ("kill", "power", "switch-power", "held-power", "failover", "failover-both", "held-failover-both",
-           "kill-proc", "power-in-recovery", "paused-failover")
-FAILOVERS = ("failover", "failover-both", "held-failover-both", "paused-failover")
+           "kill-proc", "power-in-recovery", "paused-failover", "promote-power")
+FAILOVERS = ("failover", "failover-both", "held-failover-both", "paused-failover", "promote-power")
 # how long a paused-failover's old primary runs as a zombie before its fence
 ZOMBIE_S = 0.5
 # the steps that are faults (a history of N faults counts these)
@@ -177,6 +180,12 @@ def next_step(rng: random.Random, st: State, levels: list[str], load_ms=(300, 15
             # something: a failover to another one is judged as promising nothing
             sync = st.sync_standby()
             target = sync if sync and rng.random() < 0.7 else rng.choice(sorted(st.standbys))
+            # a held failover tests what a standby reported flushed while its
+            # fsyncs were held, which only a flush worker reports early: to a
+            # standby whose worker is on, more often than not
+            fw_direct = [s for s in st.direct() if s in st.fw_on]
+            if kind == "held-failover-both" and fw_direct and rng.random() < 0.7:
+                target = rng.choice(fw_direct)
             # the links stall this long before the power loss, so commits are
             # in flight when it strikes; drawn from its own generator, so that
             # a seed's other draws stay what they were before the stall
@@ -186,6 +195,9 @@ def next_step(rng: random.Random, st: State, levels: list[str], load_ms=(300, 15
             # than dead, and it comes back (from the same side generator)
             if kind == "failover" and side.random() < 0.25:
                 kind = "paused-failover"
+            elif kind == "failover" and side.random() < 0.2:
+                # the promoted standby loses power while it promotes
+                return Step("promote-power", (target, str(side.randint(0, 150))), level, load, stall)
             return Step(kind, (target,), level, load, stall)
         if kind == "kill-proc":
             node = rng.choice(live)
@@ -209,7 +221,11 @@ def next_step(rng: random.Random, st: State, levels: list[str], load_ms=(300, 15
         if kind == "uw" and st.has_uw:
             return Step(kind, (rng.choice(["written", "off"]),), level, load)
         if kind == "fw" and st.has_fw and st.standbys:
-            return Step(kind, (rng.choice(sorted(st.standbys)), rng.choice(["on", "off"])), level, load)
+            # the synchronous standby's worker half the time, and on more
+            # often than off: the promises it touches live there
+            sync = st.sync_standby()
+            node = sync if sync and rng.random() < 0.5 else rng.choice(sorted(st.standbys))
+            return Step(kind, (node, "on" if rng.random() < 2 / 3 else "off"), level, load)
         if kind == "sync":
             others = [s for s in st.direct() if s != st.sync_standby()]
             if others:

@@ -35,7 +35,7 @@ from ..scenarios.audit import session_settings
 from ..util import LabError, wait_for
 from . import verdict
 from .verdict import START_S
-from .cluster import HistoryCluster, wait_accepting
+from .cluster import HistoryCluster, lsn_int, wait_accepting
 from .schedule import CRASHES, FAILOVERS, ZOMBIE_S, Step
 
 
@@ -271,6 +271,46 @@ def _disk_full(hc: HistoryCluster, node, load: Load, moment_ms: int) -> dict:
     return out
 
 
+def _watch_held_flushes(hc: HistoryCluster, node, seconds: float) -> dict:
+    """While `node`'s WAL fsyncs are held (faults.hold, before this call),
+    watch for `seconds` what its upstream sees it report flushed.  The
+    position it had written once the hold was in place bounds every flush
+    it can report meanwhile: WAL written later needs an fsync, and every
+    fsync waits (one that began before the hold covers only WAL written
+    before it).  A report beyond that bound is a flush without an fsync:
+    a safety failure, whatever the level (a standby that lies about its
+    flush loses what `on` was promised only if it then loses power and is
+    promoted, which few histories draw; the lie itself shows at once)."""
+    end = time.monotonic() + seconds
+    upstream = node.upstream
+    bound = None
+    if upstream is not None and upstream.name not in hc.down:
+        try:
+            w = node.scalar("SELECT written_lsn::text FROM pg_stat_wal_receiver")
+            bound = lsn_int(w) if w else None
+        except Exception:  # noqa: BLE001 - no walreceiver now: nothing to bound
+            bound = None
+    seen = 0
+    while True:
+        left = end - time.monotonic()
+        if bound is not None:
+            try:
+                f = upstream.scalar("SELECT flush_lsn::text FROM pg_stat_replication WHERE application_name = %s",
+                                    (node.name,))
+            except Exception:  # noqa: BLE001 - the upstream restarting: look again
+                f = None
+            if f:
+                seen = max(seen, lsn_int(f))
+        if left <= 0:
+            break
+        time.sleep(min(0.02, left))
+    if bound is not None and seen > bound:
+        raise verdict.Failure(f"safety: {node.name} reported WAL flushed up to {seen >> 32:X}/{seen & 0xFFFFFFFF:X} "
+                              f"while its WAL fsyncs were held, beyond the {bound >> 32:X}/{bound & 0xFFFFFFFF:X} "
+                              "it had written when the hold began: a flush reported without an fsync")
+    return {"held_written": bound, "held_flush_seen": seen or None}
+
+
 def _paused_failover(hc: HistoryCluster, primary, target, load: Load, moment_ms: int) -> dict:
     """The primary frozen (SIGSTOP) with commits in flight for `moment_ms`,
     `target` promoted and the others repointed while it is; then the old
@@ -385,13 +425,16 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
         elif step.kind == "io-stall":
             faults.hold(target)
             try:
-                time.sleep(step.moment_ms / 1000)
+                if target is primary:
+                    time.sleep(step.moment_ms / 1000)
+                else:
+                    rec.update(_watch_held_flushes(hc, target, step.moment_ms / 1000))
             finally:
                 faults.release(target)
         elif step.kind == "paused-failover":
             rec.update(_paused_failover(hc, primary, target, load, step.moment_ms))
         elif step.kind in FAILOVERS:
-            both = step.kind != "failover"  # the target loses power too
+            both = step.kind in ("failover-both", "held-failover-both")  # the target loses power too
             held = step.kind == "held-failover-both"
             proxies = [s.proxy.pid for s in hc.standbys() if s.upstream is primary and s.proxy and s.proxy.pid]
             crashed = [primary]
@@ -412,7 +455,10 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
                 for pid in proxies:
                     faults.stall(pid)
             try:
-                time.sleep(step.moment_ms / 1000)
+                if held:
+                    rec.update(_watch_held_flushes(hc, target, step.moment_ms / 1000))
+                else:
+                    time.sleep(step.moment_ms / 1000)
                 undone = faults.crash(crashed, power_loss=True, proxies=proxies,
                                       mark=lambda: setattr(load, "fault_at", time.monotonic()))
             finally:
@@ -422,7 +468,13 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
             if both:
                 rec["undone_target"] = undone[target.name]
                 rec["recovery_s"] = _restart(hc, target)
-            rec.update(hc.promote(target))
+            if step.kind == "promote-power":
+                after = int(step.args[1])
+                rec.update(hc.promote(target, after, lambda: {
+                    "crash_after_ms": after,
+                    **{k + "_target": v for k, v in _crash(hc, target, True, load).items()}}))
+            else:
+                rec.update(hc.promote(target))
         elif step.kind == "partition":
             # a cut link delays the primary's commits, it must not fail them:
             # session errors now fail the step (fault_at stays unset)
