@@ -311,6 +311,31 @@ def _watch_held_flushes(hc: HistoryCluster, node, seconds: float) -> dict:
     return {"held_written": bound, "held_flush_seen": seen or None}
 
 
+def _check_receipt(node) -> dict:
+    """With its links stalled, what `node`'s upstream counts as received by
+    it (pg_stat_replication.receive_lsn: the last position it reported)
+    may not be ahead of what it has received (pg_stat_wal_receiver, read
+    afterwards: it only grows while the walreceiver runs).  A primary that
+    counted WAL still in the stalled link as received would release
+    remote_receive commits the failover then loses; this sees the miscount
+    at every stalled failover, whatever the level."""
+    upstream = node.upstream
+    if upstream is None:
+        return {}
+    try:
+        counted = upstream.scalar("SELECT receive_lsn::text FROM pg_stat_replication WHERE application_name = %s",
+                                  (node.name,))
+        has = node.scalar("SELECT received_lsn::text FROM pg_stat_wal_receiver")
+    except Exception:  # noqa: BLE001 - a server without the receive columns (stock), or no walreceiver now
+        return {}
+    if not counted or not has:
+        return {}
+    if lsn_int(counted) > lsn_int(has):
+        raise verdict.Failure(f"safety: {upstream.name} counted WAL up to {counted} as received by {node.name}, "
+                              f"which had received only up to {has} (its link stalled)")
+    return {"receipt_counted": counted, "receipt_had": has}
+
+
 def _paused_failover(hc: HistoryCluster, primary, target, load: Load, moment_ms: int) -> dict:
     """The primary frozen (SIGSTOP) with commits in flight for `moment_ms`,
     `target` promoted and the others repointed while it is; then the old
@@ -459,6 +484,8 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
                     rec.update(_watch_held_flushes(hc, target, step.moment_ms / 1000))
                 else:
                     time.sleep(step.moment_ms / 1000)
+                    if step.moment_ms:
+                        rec.update(_check_receipt(target))
                 undone = faults.crash(crashed, power_loss=True, proxies=proxies,
                                       mark=lambda: setattr(load, "fault_at", time.monotonic()))
             finally:
