@@ -206,7 +206,7 @@ def test_a_full_disk_on_any_node_loses_nothing(pg_bin, tmp_path):
     assert not h["skipped"], h["skipped"]
     recs = h["records"]
     assert [r["label"] for r in recs[:3]] == ["none", "standby-power", "kill"]
-    assert recs[0]["disk_full_mb"] > 0 and "restarted" in recs[0]
+    assert recs[0]["disk_full_mb"] > 0
     assert recs[5]["label"] == "none" and recs[5]["archive_failures"] > 0
     assert all(r["acked"] > 0 for r in recs[:6])
 

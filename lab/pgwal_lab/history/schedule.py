@@ -276,9 +276,8 @@ def applicable(step: Step, st: State) -> str | None:
     if step.kind in ("pause", "io-stall", "disk-full"):
         if step.kind == "disk-full" and not st.has_disks:
             return "the nodes have no file systems of their own (not root, or PGWAL_LAB_NO_LOOP)"
-        if step.kind == "disk-full" and a and a[0] == "archive":
-            return None
-        return None if a and a[0] in live else f"{a[0] if a else '?'} is not running"
+        archive = step.kind == "disk-full" and a and a[0] == "archive"
+        return None if a and (archive or a[0] in live) else f"{a[0] if a else '?'} is not running"
     if step.kind == "summarize":
         return None if st.has_summarize else "the server has no summarize_wal"
     if step.kind == "uw":

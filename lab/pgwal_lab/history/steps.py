@@ -283,14 +283,14 @@ def _watch_held_flushes(hc: HistoryCluster, node, seconds: float) -> dict:
     promoted, which few histories draw; the lie itself shows at once)."""
     end = time.monotonic() + seconds
     upstream = node.upstream
-    bound = None
+    written = None
     if upstream is not None and upstream.name not in hc.down:
         try:
-            w = node.scalar("SELECT written_lsn::text FROM pg_stat_wal_receiver")
-            bound = lsn_int(w) if w else None
+            written = node.scalar("SELECT written_lsn::text FROM pg_stat_wal_receiver")
         except Exception:  # noqa: BLE001 - no walreceiver now: nothing to bound
-            bound = None
-    seen = 0
+            written = None
+    bound = lsn_int(written) if written else None
+    seen, seen_text = 0, None
     while True:
         left = end - time.monotonic()
         if bound is not None:
@@ -299,15 +299,15 @@ def _watch_held_flushes(hc: HistoryCluster, node, seconds: float) -> dict:
                                     (node.name,))
             except Exception:  # noqa: BLE001 - the upstream restarting: look again
                 f = None
-            if f:
-                seen = max(seen, lsn_int(f))
+            if f and lsn_int(f) > seen:
+                seen, seen_text = lsn_int(f), f
         if left <= 0:
             break
         time.sleep(min(0.02, left))
     if bound is not None and seen > bound:
-        raise verdict.Failure(f"safety: {node.name} reported WAL flushed up to {seen >> 32:X}/{seen & 0xFFFFFFFF:X} "
-                              f"while its WAL fsyncs were held, beyond the {bound >> 32:X}/{bound & 0xFFFFFFFF:X} "
-                              "it had written when the hold began: a flush reported without an fsync")
+        raise verdict.Failure(f"safety: {node.name} reported WAL flushed up to {seen_text} while its WAL fsyncs "
+                              f"were held, beyond the {written} it had written when the hold began: a flush "
+                              "reported without an fsync")
     return {"held_written": bound, "held_flush_seen": seen or None}
 
 
