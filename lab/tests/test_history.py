@@ -230,7 +230,33 @@ def test_a_quarter_of_the_failovers_find_the_primary_frozen():
     rng = random.Random(5)
     kinds = [sched.next_step(rng, _state(), LEVELS).kind for _ in range(3000)]
     plain, paused = kinds.count("failover"), kinds.count("paused-failover")
-    assert 0.15 < paused / (plain + paused) < 0.35, (plain, paused)
+    promote, one_way = kinds.count("promote-power"), kinds.count("one-way-failover")
+    assert 0.15 < paused / (plain + paused + promote + one_way) < 0.35, (plain, paused)
+    # of the rest, a fifth lose power in promotion, a third of the others
+    # stall one way only, for longer than the standbys' status interval
+    assert 0.1 < promote / (plain + promote + one_way) < 0.3, (plain, promote)
+    assert 0.2 < one_way / (plain + one_way) < 0.45, (plain, one_way)
+    rng = random.Random(5)
+    moments = [s.moment_ms for s in (sched.next_step(rng, _state(), LEVELS) for _ in range(3000))
+               if s.kind == "one-way-failover"]
+    assert min(moments) >= 1100 and max(moments) <= 2500
+
+
+def test_a_one_way_stall_proves_itself_and_holds_on_a_correct_server(pg_bin, tmp_path):
+    # the primary's WAL held, the standbys' replies flowing (every second),
+    # then the failover at remote_receive: no commit acknowledged may be
+    # lost, and the primary may not count held WAL as received
+    records = _history(pg_bin, tmp_path, schedule="sync:n3@on/400/0 "
+                       "one-way-failover:n3@remote_receive/600/1500 rejoin:n1@on/300/0")
+    assert histories.failures(records) is None, histories.failures(records)
+    (h,) = records
+    assert not h["skipped"], h["skipped"]
+    step = h["records"][1]
+    assert step["label"] == "one-way-failover" and step["role"] == "sync"
+    # both of the primary's links were proven one-way: replies arrived
+    # after the stall began, and less WAL than was sent
+    assert step["one_way_links"] == 2
+    assert step["receipt_counted"] and step["acked"] > 0
 
 
 @pytest.mark.bench_history
@@ -281,6 +307,9 @@ def test_the_faults_real_clusters_meet_hold_on_a_correct_server(pg_bin, tmp_path
     # while a standby's fsyncs were held, what it reported flushed was
     # watched against what it had written when the hold began
     assert recs[0]["held_written"] and last["held_written"]
+    # the standby with its flush worker on was primed: its walreceiver had
+    # handed its fsyncs to the worker, which the hold then held
+    assert not recs[0]["primed"] and last["primed"] and last["worker_held"]
 
 
 def test_short_history_stock(stock_bin, tmp_path):

@@ -31,6 +31,7 @@ _AS = {"partition": "failover", "held-power": "power", "held-failover-both": "fa
        # promotion, then fenced; what it acknowledged after it came back
        # is judged as a failover's
        "paused-failover": "failover",
+       "one-way-failover": "failover",
        # the promoted standby loses power too, only later (while it promotes)
        "promote-power": "failover-both"}
 

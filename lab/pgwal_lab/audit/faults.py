@@ -184,6 +184,21 @@ def stall(pid: int) -> None:
     os.kill(pid, signal.SIGSTOP)
 
 
+def stall_down(pid: int) -> None:
+    """Stall a delay proxy in one direction: what the upstream sends (WAL,
+    keepalives) is held in the proxy, what the standby sends (its replies)
+    still flows (pgwal-netdelay holds its down direction on SIGUSR1)."""
+    os.kill(pid, signal.SIGUSR1)
+
+
+def unstall_down(pid: int) -> None:
+    """End stall_down(): the held data goes out in order."""
+    try:
+        os.kill(pid, signal.SIGUSR2)
+    except ProcessLookupError:
+        pass
+
+
 def _parents() -> dict[int, int]:
     """{pid: parent pid} of every process, from one scan of /proc."""
     out = {}

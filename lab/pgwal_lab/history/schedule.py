@@ -50,6 +50,11 @@ KINDS = {
                            "0.5 s (ZOMBIE_S), a zombie that still takes commits (those that wait for a standby find "
                            "none), and is fenced (SIGKILL) as a cluster manager would; it stays down until a "
                            "rejoin.  Drawn as a quarter of the failovers"),
+    "one-way-failover": (0, "as failover, but the primary's links stall in one direction only: its WAL is held "
+                            "while the standbys' replies still reach it (status replies every second), for 1.1 "
+                            "to 2.5 s; a primary that counted held WAL as received or flushed would release "
+                            "commits the failover loses.  Drawn as a third of the plain failovers that are "
+                            "neither paused-failover nor promote-power"),
     "promote-power": (0, "as failover, and the promoted standby loses power the given milliseconds after its "
                          "promotion was requested (promote-power:N:MS), while it promotes; it restarts, and is "
                          "promoted again if it came back a standby.  Drawn as a fifth of the other failovers"),
@@ -72,8 +77,12 @@ KINDS = {
 }
 # the faults that crash a node while the workload runs
 CRASHES = ("kill", "power", "switch-power", "held-power", "failover", "failover-both", "held-failover-both",
-           "kill-proc", "power-in-recovery", "paused-failover", "promote-power")
-FAILOVERS = ("failover", "failover-both", "held-failover-both", "paused-failover", "promote-power")
+           "kill-proc", "power-in-recovery", "paused-failover", "promote-power", "one-way-failover")
+FAILOVERS = ("failover", "failover-both", "held-failover-both", "paused-failover", "promote-power",
+             "one-way-failover")
+# a one-way stall outlasts the standbys' status interval (1 s), so that the
+# primary hears from them while its WAL is held
+ONE_WAY_MS = (1100, 2500)
 # how long a paused-failover's old primary runs as a zombie before its fence
 ZOMBIE_S = 0.5
 # the steps that are faults (a history of N faults counts these)
@@ -198,6 +207,9 @@ def next_step(rng: random.Random, st: State, levels: list[str], load_ms=(300, 15
             elif kind == "failover" and side.random() < 0.2:
                 # the promoted standby loses power while it promotes
                 return Step("promote-power", (target, str(side.randint(0, 150))), level, load, stall)
+            elif kind == "failover" and side.random() < 1 / 3:
+                # the primary's WAL stalls but the replies flow
+                return Step("one-way-failover", (target,), level, load, side.randint(*ONE_WAY_MS))
             return Step(kind, (target,), level, load, stall)
         if kind == "kill-proc":
             node = rng.choice(live)

@@ -271,7 +271,40 @@ def _disk_full(hc: HistoryCluster, node, load: Load, moment_ms: int) -> dict:
     return out
 
 
-def _watch_held_flushes(hc: HistoryCluster, node, seconds: float) -> dict:
+# a short hold before the one a step is about: PRIME_S, then PRIME_GAP_S free
+PRIME_S, PRIME_GAP_S = 0.5, 0.02
+
+
+def _prime_flush_worker(hc: HistoryCluster, node) -> bool:
+    """Before a hold of a standby whose flush worker is on, make its
+    walreceiver hand its fsyncs to the worker: it does so only once its
+    fsyncs have been slow (wal_receiver_flush_worker_min_fsync, a moving
+    average), and otherwise the hold that follows finds the walreceiver
+    itself in fsync(), and the worker's flushes are never held.  A first
+    hold of PRIME_S makes one fsync that slow; the step's own hold follows
+    PRIME_GAP_S after its release, well within the many fsyncs the average
+    needs to fall back.  Returns whether it primed."""
+    if node is hc.primary or "fw" not in feature_state(hc, node).split("+"):
+        return False
+    faults.hold(node)
+    try:
+        time.sleep(PRIME_S)
+    finally:
+        faults.release(node)
+    time.sleep(PRIME_GAP_S)
+    return True
+
+
+def _worker_in_fsync(node) -> bool:
+    """Whether `node`'s flush worker is in a WAL fsync now."""
+    try:
+        return bool(node.scalar("SELECT count(*) > 0 FROM pg_stat_activity WHERE backend_type = "
+                                "'walreceiver flush worker' AND wait_event = 'WalSync'"))
+    except Exception:  # noqa: BLE001 - the node restarting: not seen
+        return False
+
+
+def _watch_held_flushes(hc: HistoryCluster, node, seconds: float, primed: bool = False) -> dict:
     """While `node`'s WAL fsyncs are held (faults.hold, before this call),
     watch for `seconds` what its upstream sees it report flushed.  The
     position it had written once the hold was in place bounds every flush
@@ -280,8 +313,11 @@ def _watch_held_flushes(hc: HistoryCluster, node, seconds: float) -> dict:
     before it).  A report beyond that bound is a flush without an fsync:
     a safety failure, whatever the level (a standby that lies about its
     flush loses what `on` was promised only if it then loses power and is
-    promoted, which few histories draw; the lie itself shows at once)."""
+    promoted, which few histories draw; the lie itself shows at once).
+    After a prime (_prime_flush_worker) it also records whether the flush
+    worker was seen waiting in a held fsync: the prime's proof."""
     end = time.monotonic() + seconds
+    worker_held = False
     upstream = node.upstream
     written = None
     if upstream is not None and upstream.name not in hc.down:
@@ -301,6 +337,8 @@ def _watch_held_flushes(hc: HistoryCluster, node, seconds: float) -> dict:
                 f = None
             if f and lsn_int(f) > seen:
                 seen, seen_text = lsn_int(f), f
+        if primed and not worker_held:
+            worker_held = _worker_in_fsync(node)
         if left <= 0:
             break
         time.sleep(min(0.02, left))
@@ -308,7 +346,39 @@ def _watch_held_flushes(hc: HistoryCluster, node, seconds: float) -> dict:
         raise verdict.Failure(f"safety: {node.name} reported WAL flushed up to {seen_text} while its WAL fsyncs "
                               f"were held, beyond the {written} it had written when the hold began: a flush "
                               "reported without an fsync")
-    return {"held_written": bound, "held_flush_seen": seen or None}
+    out = {"held_written": bound, "held_flush_seen": seen or None}
+    if primed:
+        out["worker_held"] = worker_held
+    return out
+
+
+def _prove_one_way(hc: HistoryCluster, primary, began: str) -> int:
+    """At the end of a one-way stall of the primary's links, prove it was
+    one: every direct standby that streams sent a reply after the stall
+    began (the up direction flowed), and has received less than the
+    primary sent it (the down direction held).  Returns the number of links
+    proven; a link that shows otherwise, or none at all, is a lab error:
+    the step would be judged under a label that was not true."""
+    proven = 0
+    for s in hc.standbys():
+        if s.upstream is not primary or not s.proxy:
+            continue
+        rows = primary.sql("SELECT sent_lsn::text, reply_time > %s::timestamptz FROM pg_stat_replication "
+                           "WHERE application_name = %s", (began, s.name))
+        if not rows:
+            continue  # not streaming now: nothing to prove on this link
+        sent, replied = rows[0]
+        has = s.scalar("SELECT received_lsn::text FROM pg_stat_wal_receiver")
+        if not replied:
+            raise LabError(f"one-way stall: no reply from {s.name} reached {primary.name} while its WAL was "
+                           "held (the up direction stalled too)")
+        if has is None or lsn_int(has) >= lsn_int(sent):
+            raise LabError(f"one-way stall: {s.name} received up to {has}, all {primary.name} sent ({sent}): "
+                           "the down direction was not held")
+        proven += 1
+    if not proven:
+        raise LabError(f"one-way stall: no standby streamed from {primary.name} to prove it on")
+    return proven
 
 
 def _check_receipt(node) -> dict:
@@ -448,12 +518,13 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
         elif step.kind == "disk-full":
             rec.update(_disk_full(hc, target, load, step.moment_ms))
         elif step.kind == "io-stall":
+            rec["primed"] = _prime_flush_worker(hc, target)
             faults.hold(target)
             try:
                 if target is primary:
                     time.sleep(step.moment_ms / 1000)
                 else:
-                    rec.update(_watch_held_flushes(hc, target, step.moment_ms / 1000))
+                    rec.update(_watch_held_flushes(hc, target, step.moment_ms / 1000, rec["primed"]))
             finally:
                 faults.release(target)
         elif step.kind == "paused-failover":
@@ -471,7 +542,14 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
                 # the target's fsyncs wait while its links flow: what it
                 # acknowledges meanwhile as flushed (on, remote_apply) must
                 # survive its power loss; released before it starts again
+                rec["primed"] = _prime_flush_worker(hc, target)
                 faults.hold(target)
+            elif step.kind == "one-way-failover":
+                # only the primary's WAL stalls; the standbys' replies still
+                # arrive, and must not count what the links hold
+                stall_began = primary.scalar("SELECT now()::text")
+                for pid in proxies:
+                    faults.stall_down(pid)
             elif step.moment_ms:
                 # the primary's links stall while the load goes on: commits
                 # that must wait for a standby wait, and the power loss takes
@@ -481,9 +559,11 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
                     faults.stall(pid)
             try:
                 if held:
-                    rec.update(_watch_held_flushes(hc, target, step.moment_ms / 1000))
+                    rec.update(_watch_held_flushes(hc, target, step.moment_ms / 1000, rec["primed"]))
                 else:
                     time.sleep(step.moment_ms / 1000)
+                    if step.kind == "one-way-failover":
+                        rec["one_way_links"] = _prove_one_way(hc, primary, stall_began)
                     if step.moment_ms:
                         rec.update(_check_receipt(target))
                 undone = faults.crash(crashed, power_loss=True, proxies=proxies,
