@@ -145,10 +145,12 @@ def test_short_history_patched(pg_bin, tmp_path):
     records = _history(pg_bin, tmp_path, seed=20765, steps=4, choices=1)  # unweighted: the seed's own draws
     assert histories.failures(records) is None, histories.failures(records)
     (h,) = records
-    assert len(h["steps"]) >= 4 and h["steps"][0].startswith("sync:n3@")
-    assert h["steps"][2].startswith("failover:n3@remote_receive/")
-    assert h["steps"][3].startswith("kill:n3@")
-    failover = h["records"][2]
+    # the seed's opening turns n2's flush worker on; its 4 draws follow
+    assert h["steps"][0].startswith("fw:n2:on@")
+    assert len(h["steps"]) >= 5 and h["steps"][1].startswith("sync:n3@")
+    assert h["steps"][3].startswith("failover:n3@remote_receive/")
+    assert h["steps"][4].startswith("kill:n3@")
+    failover = h["records"][3]
     assert failover["sync"] == "n3" and failover["label"] == "failover" and failover["role"] == "sync"
     assert failover["features"] == "uw"  # n3 does not accept unflushed WAL
     done = [r for r in h["records"] if "catch_up_s" in r]
@@ -224,6 +226,19 @@ def test_a_third_of_the_stalled_disks_are_full_instead():
     st = _state()
     st.has_disks = False
     assert "file systems" in sched.applicable(sched.Step("disk-full", ("n1",)), st)
+
+
+def test_half_of_the_drawn_histories_open_with_a_flush_worker_on():
+    st = _state()
+    opened = [histories.opening(s, st, LEVELS) for s in range(1, 401)]
+    on = [o[0] for o in opened if o]
+    assert 0.4 < len(on) / len(opened) < 0.6
+    assert all(s.kind == "fw" and s.args[1] == "on" and s.args[0] in st.standbys for s in on)
+    # the synchronous standby's in more than half of them
+    assert 0.5 < sum(s.args[0] == st.sync_standby() for s in on) / len(on) < 0.8
+    assert histories.opening(None, st, LEVELS) == []
+    st.has_fw = False
+    assert histories.opening(7, st, LEVELS) == []
 
 
 def test_a_quarter_of_the_failovers_find_the_primary_frozen():
