@@ -252,9 +252,30 @@ def test_a_quarter_of_the_failovers_find_the_primary_frozen():
     assert 0.1 < promote / (plain + promote + one_way) < 0.3, (plain, promote)
     assert 0.2 < one_way / (plain + one_way) < 0.45, (plain, one_way)
     rng = random.Random(5)
-    moments = [s.moment_ms for s in (sched.next_step(rng, _state(), LEVELS) for _ in range(3000))
-               if s.kind == "one-way-failover"]
+    drawn = [sched.next_step(rng, _state(), LEVELS) for _ in range(3000)]
+    moments = [s.moment_ms for s in drawn if s.kind == "one-way-failover"]
     assert min(moments) >= 1100 and max(moments) <= 2500
+    # half of the promotions lose power when the history file appears
+    at = [s.args[1] for s in drawn if s.kind == "promote-power"]
+    assert 0.3 < at.count("history") / len(at) < 0.7
+    assert all(a == "history" or 0 <= int(a) <= 150 for a in at)
+    assert sched.applicable(sched.Step("promote-power", ("n2", "soon")), _state()) == \
+        "promote-power takes N:MS or N:history"
+
+
+def test_a_promotion_that_loses_power_at_its_history_file_holds(pg_bin, tmp_path):
+    # the synchronous standby loses power the moment its new timeline's
+    # history file appears: it comes back a standby (promoted again) or, if
+    # the end-of-recovery record made it first, a primary of the new
+    # timeline; either way nothing acknowledged at `on` is lost and the old
+    # primary rejoins it
+    records = _history(pg_bin, tmp_path, schedule="promote-power:n2:history@on/600/200 rejoin:n1@on/300/0")
+    assert histories.failures(records) is None, histories.failures(records)
+    (h,) = records
+    assert not h["skipped"], h["skipped"]
+    step = h["records"][0]
+    assert step["crash_at"] == "history" and step["history_seen_after_ms"] >= 0
+    assert "promoted_before_crash" in step and step["acked"] > 0
 
 
 def test_a_one_way_stall_proves_itself_and_holds_on_a_correct_server(pg_bin, tmp_path):
@@ -325,6 +346,21 @@ def test_the_faults_real_clusters_meet_hold_on_a_correct_server(pg_bin, tmp_path
     # the standby with its flush worker on was primed: its walreceiver had
     # handed its fsyncs to the worker, which the hold then held
     assert not recs[0]["primed"] and last["primed"] and last["worker_held"]
+
+
+def test_a_check_failing_inside_a_stall_is_reported_not_a_hung_commit(pg_bin, tmp_path, monkeypatch):
+    # the primary's WAL held in its links with commits waiting at `on`: a
+    # check that fails before the power loss ends the step with its own
+    # failure (the links flow again and the waiting commits end), not with
+    # the hung commit the held links would otherwise make of it
+    from pgwal_lab.history import steps, verdict
+
+    def planted(node):
+        raise verdict.Failure("safety: planted by the test")
+
+    monkeypatch.setattr(steps, "_check_receipt", planted)
+    records = _history(pg_bin, tmp_path, schedule="one-way-failover:n2@on/500/1200")
+    assert records[0]["failure"]["message"] == "safety: planted by the test", records[0]["failure"]
 
 
 def test_short_history_stock(stock_bin, tmp_path):

@@ -184,6 +184,15 @@ def stall(pid: int) -> None:
     os.kill(pid, signal.SIGSTOP)
 
 
+def unstall(pid: int) -> None:
+    """Let a stalled delay proxy (stall() or stall_down()) flow again."""
+    for sig in (signal.SIGCONT, signal.SIGUSR2):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+
+
 def stall_down(pid: int) -> None:
     """Stall a delay proxy in one direction: what the upstream sends (WAL,
     keepalives) is held in the proxy, what the standby sends (its replies)

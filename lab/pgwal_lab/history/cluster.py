@@ -300,12 +300,14 @@ class HistoryCluster:
         self.become_standby(node)
         return out
 
-    def promote(self, node, crash_after_ms: int | None = None, crash=None) -> dict:
+    def promote(self, node, crash_after_ms: int | str | None = None, crash=None) -> dict:
         """Promote a standby whose primary is gone; every standby of the old
         primary follows it, rewound first where it replayed past the fork.
         With `crash_after_ms`, `crash()` (a power loss and restart of the
         node) strikes that long after the promotion was requested, while it
-        runs; a node that comes back still a standby is promoted again."""
+        runs, or ("history") the moment the new timeline's history file
+        appears in its pg_wal, before its end-of-recovery record; a node that
+        comes back still a standby is promoted again."""
         old = self.primary
         node.stop_proxy()
         t0 = time.monotonic()
@@ -313,9 +315,21 @@ class HistoryCluster:
         if crash_after_ms is None:
             faults.promote(node)
         else:
+            histories = set((node.datadir / "pg_wal").glob("*.history"))
             node.run_pg([node.bin("pg_ctl"), "-D", node.datadir, "-W", "promote"], timeout=30)
-            time.sleep(crash_after_ms / 1000)
-            extra = crash()
+            if crash_after_ms == "history":
+                t1 = time.monotonic()
+                while not set((node.datadir / "pg_wal").glob("*.history")) - histories:
+                    if time.monotonic() - t1 > 30:
+                        raise LabError(f"{node.name}: no new timeline history file 30 s after its promotion "
+                                       "was requested")
+                    time.sleep(0.0002)
+                waited_ms = round((time.monotonic() - t1) * 1000, 1)
+                extra = crash()
+                extra["history_seen_after_ms"] = waited_ms
+            else:
+                time.sleep(crash_after_ms / 1000)
+                extra = crash()
             extra["promoted_before_crash"] = not node.scalar("SELECT pg_is_in_recovery()")
             if not extra["promoted_before_crash"]:
                 faults.promote(node)

@@ -56,8 +56,10 @@ KINDS = {
                             "commits the failover loses.  Drawn as a third of the plain failovers that are "
                             "neither paused-failover nor promote-power"),
     "promote-power": (0, "as failover, and the promoted standby loses power the given milliseconds after its "
-                         "promotion was requested (promote-power:N:MS), while it promotes; it restarts, and is "
-                         "promoted again if it came back a standby.  Drawn as a fifth of the other failovers"),
+                         "promotion was requested (promote-power:N:MS), or the moment its new timeline's history "
+                         "file appears (promote-power:N:history, half of them), while it promotes; it restarts, "
+                         "and is promoted again if it came back a standby.  Drawn as a fifth of the other "
+                         "failovers"),
     "kill-proc": (1, "one server process SIGKILLed (primary: a walsender or a client backend; standby: the "
                      "walreceiver, the startup process or the flush worker): its postmaster reinitializes, as "
                      "after a segfault or the OOM killer (after the startup process it exits instead, and the "
@@ -206,7 +208,10 @@ def next_step(rng: random.Random, st: State, levels: list[str], load_ms=(300, 15
                 kind = "paused-failover"
             elif kind == "failover" and side.random() < 0.2:
                 # the promoted standby loses power while it promotes
-                return Step("promote-power", (target, str(side.randint(0, 150))), level, load, stall)
+                # at a drawn moment, or the moment the history file appears:
+                # the few milliseconds before the end-of-recovery record
+                at = "history" if side.random() < 0.5 else str(side.randint(0, 150))
+                return Step("promote-power", (target, at), level, load, stall)
             elif kind == "failover" and side.random() < 1 / 3:
                 # the primary's WAL stalls but the replies flow
                 return Step("one-way-failover", (target,), level, load, side.randint(*ONE_WAY_MS))
@@ -268,6 +273,8 @@ def applicable(step: Step, st: State) -> str | None:
         return None if a and a[0] in live else f"{a[0] if a else '?'} is not running"
     if step.kind == "held-power":
         return None if a and a[0] == st.primary else f"{a[0] if a else '?'} is not the primary"
+    if step.kind == "promote-power" and (len(a) != 2 or not (a[1] == "history" or a[1].isdigit())):
+        return "promote-power takes N:MS or N:history"
     if step.kind in FAILOVERS:
         if st.down:
             return f"{st.down[0]} is still down"

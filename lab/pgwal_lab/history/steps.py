@@ -488,6 +488,7 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
     load.start()
     time.sleep(step.load_ms / 1000)
     target = hc.node(step.args[0]) if step.args and step.args[0] in hc.c.nodes else None
+    failed: BaseException | None = None
     try:
         if step.kind in ("kill", "power"):
             rec.update(_crash(hc, target, step.kind == "power", load))
@@ -568,6 +569,13 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
                         rec.update(_check_receipt(target))
                 undone = faults.crash(crashed, power_loss=True, proxies=proxies,
                                       mark=lambda: setattr(load, "fault_at", time.monotonic()))
+            except BaseException:
+                # a check failed before the power loss: the links flow
+                # again, so that the commits waiting on them end and the
+                # check's own failure is what the history reports
+                for pid in proxies:
+                    faults.unstall(pid)
+                raise
             finally:
                 if held:
                     faults.release(target)
@@ -576,9 +584,9 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
                 rec["undone_target"] = undone[target.name]
                 rec["recovery_s"] = _restart(hc, target)
             if step.kind == "promote-power":
-                after = int(step.args[1])
-                rec.update(hc.promote(target, after, lambda: {
-                    "crash_after_ms": after,
+                at = step.args[1]
+                rec.update(hc.promote(target, at if at == "history" else int(at), lambda: {
+                    "crash_at": at,
                     **{k + "_target": v for k, v in _crash(hc, target, True, load).items()}}))
             else:
                 rec.update(hc.promote(target))
@@ -588,14 +596,20 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
             faults.cut(target)
             time.sleep(step.moment_ms / 1000)
             faults.heal(target)
+    except BaseException as e:
+        failed = e
+        raise
     finally:
         try:
             load.finish()
         except TimeoutError:
             # a commit that never returns is what a release bug in the
-            # synchronous waits looks like from the client
-            raise verdict.Failure(f"liveness: hung commit: sessions of step {index} did not end "
-                                  f"within 90 s after it") from None
+            # synchronous waits looks like from the client; after the
+            # step's own failure it is that failure's consequence, and the
+            # failure is reported
+            if failed is None:
+                raise verdict.Failure(f"liveness: hung commit: sessions of step {index} did not end "
+                                      f"within 90 s after it") from None
     rec["acked_total"] = sum(len(w.acked) for w in load.writers)
     rec["errors_before_fault"] = [x.error for x in load.writers + load.readers if x.error_before_fault]
     if step.kind == "rejoin":
