@@ -278,6 +278,40 @@ def test_a_promotion_that_loses_power_at_its_history_file_holds(pg_bin, tmp_path
     assert "promoted_before_crash" in step and step["acked"] > 0
 
 
+def test_a_promotion_that_comes_back_a_primary_of_the_old_timeline_fails(pg_bin, tmp_path, monkeypatch):
+    # what a server that removed standby.signal before its end-of-recovery
+    # record would leave after its power loss (0016's promise), built
+    # deterministically on the correct one: the startup process is stopped
+    # before the promotion is requested, so none of it happens, and the
+    # signal file goes while the node is down.  The node then starts a
+    # primary of the timeline it had: the verdict must call it a fork.
+    # With stream_unflushed_wal on, its crash recovery would switch to a
+    # new timeline (the crash switch), so it is off here, as in the history
+    # that found the bug.
+    import signal
+
+    from pgwal_lab.history import steps
+    from pgwal_lab.history.cluster import HistoryCluster
+
+    real_promote, real_crash = HistoryCluster.promote, steps._crash
+
+    def promote_with_startup_stopped(self, node, *args, **kw):
+        startup = node.scalar("SELECT pid FROM pg_stat_activity WHERE backend_type = 'startup'")
+        os.kill(startup, signal.SIGSTOP)
+        return real_promote(self, node, *args, **kw)
+
+    def crash_losing_the_signal_file(hc, node, power_loss, load, before_start=None):
+        return real_crash(hc, node, power_loss, load,
+                          before_start=lambda: (node.datadir / "standby.signal").unlink())
+
+    monkeypatch.setattr(HistoryCluster, "promote", promote_with_startup_stopped)
+    monkeypatch.setattr(steps, "_crash", crash_losing_the_signal_file)
+    records = _history(pg_bin, tmp_path, schedule="uw:off@on/300/0 promote-power:n2:0@on/600/200")
+    failure = records[0]["failure"]
+    assert failure and failure["message"].startswith("timeline: n2 came out of its promotion a primary of "
+                                                     "timeline 1, not of a timeline above the 1"), failure
+
+
 def test_a_one_way_stall_proves_itself_and_holds_on_a_correct_server(pg_bin, tmp_path):
     # the primary's WAL held, the standbys' replies flowing (every second),
     # then the failover at remote_receive: no commit acknowledged may be

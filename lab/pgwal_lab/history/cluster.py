@@ -312,10 +312,14 @@ class HistoryCluster:
         node.stop_proxy()
         t0 = time.monotonic()
         extra: dict = {}
+        histories = set((node.datadir / "pg_wal").glob("*.history"))
+        # a promotion must choose a timeline above every one the node knows
+        # of (PostgreSQL's findNewestTimeLine() + 1); one that comes out on a
+        # timeline it had is a primary of the old timeline, a fork
+        known = max([int(h.stem, 16) for h in histories], default=1)
         if crash_after_ms is None:
             faults.promote(node)
         else:
-            histories = set((node.datadir / "pg_wal").glob("*.history"))
             node.run_pg([node.bin("pg_ctl"), "-D", node.datadir, "-W", "promote"], timeout=30)
             if crash_after_ms == "history":
                 t1 = time.monotonic()
@@ -333,6 +337,8 @@ class HistoryCluster:
             extra["promoted_before_crash"] = not node.scalar("SELECT pg_is_in_recovery()")
             if not extra["promoted_before_crash"]:
                 faults.promote(node)
+        extra["timeline_known"] = known
+        extra["timeline_after"] = self.timeline(node)
         node.upstream = None
         self.c.primary = node
         node.sync = False

@@ -590,6 +590,12 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
                     **{k + "_target": v for k, v in _crash(hc, target, True, load).items()}}))
             else:
                 rec.update(hc.promote(target))
+            if rec["timeline_after"] <= rec["timeline_known"]:
+                raise verdict.Failure(
+                    f"timeline: {target.name} came out of its promotion a primary of timeline "
+                    f"{rec['timeline_after']}, not of a timeline above the {rec['timeline_known']} it knew: "
+                    "a fork of the old timeline"
+                    + (" (it lost power while it promoted)" if step.kind == "promote-power" else ""))
         elif step.kind == "partition":
             # a cut link delays the primary's commits, it must not fail them:
             # session errors now fail the step (fault_at stays unset)
