@@ -287,6 +287,18 @@ class HistoryCluster:
         last = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")][-1].split()
         return int(last[0]), lsn_int(last[1])
 
+    def switch_above(self, node, tli: int, known: int) -> str | None:
+        """The reason (as node's history file of `tli` gives it) of the first
+        switch in that timeline's lineage to a timeline above `known`: how
+        the node left the timelines it knew."""
+        text = node.scalar("SELECT pg_read_file(%s, 0, 1000000, true)", (f"pg_wal/{tli:08X}.history",)) or ""
+        entries = [ln.split("\t") for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+        for i, f in enumerate(entries):
+            child = int(entries[i + 1][0]) if i + 1 < len(entries) else tli
+            if child > known:
+                return f[2].strip() if len(f) > 2 else ""
+        return None
+
     def replayed(self, node) -> int | None:
         try:
             lsn = node.scalar("SELECT pg_last_wal_replay_lsn()::text")
@@ -338,7 +350,8 @@ class HistoryCluster:
             if not extra["promoted_before_crash"]:
                 faults.promote(node)
         extra["timeline_known"] = known
-        extra["timeline_after"] = self.timeline(node)
+        extra["timeline_after"] = tli = self.timeline(node)
+        extra["timeline_entered_by"] = self.switch_above(node, tli, known)
         node.upstream = None
         self.c.primary = node
         node.sync = False

@@ -59,7 +59,7 @@ KINDS = {
                          "promotion was requested (promote-power:N:MS), or the moment its new timeline's history "
                          "file appears (promote-power:N:history, half of them), while it promotes; it restarts, "
                          "and is promoted again if it came back a standby.  Drawn as a fifth of the other "
-                         "failovers"),
+                         "plain failovers and half of the failover-both"),
     "kill-proc": (1, "one server process SIGKILLed (primary: a walsender or a client backend; standby: the "
                      "walreceiver, the startup process or the flush worker): its postmaster reinitializes, as "
                      "after a segfault or the OOM killer (after the startup process it exits instead, and the "
@@ -206,10 +206,12 @@ def next_step(rng: random.Random, st: State, levels: list[str], load_ms=(300, 15
             # than dead, and it comes back (from the same side generator)
             if kind == "failover" and side.random() < 0.25:
                 kind = "paused-failover"
-            elif kind == "failover" and side.random() < 0.2:
+            elif (kind == "failover" and side.random() < 0.2) or (kind == "failover-both" and side.random() < 0.5):
                 # the promoted standby loses power while it promotes
                 # at a drawn moment, or the moment the history file appears:
-                # the few milliseconds before the end-of-recovery record
+                # the few milliseconds before the end-of-recovery record.
+                # Judged as failover-both (the target lost power), so half
+                # of those are drawn as this too
                 at = "history" if side.random() < 0.5 else str(side.randint(0, 150))
                 return Step("promote-power", (target, at), level, load, stall)
             elif kind == "failover" and side.random() < 1 / 3:

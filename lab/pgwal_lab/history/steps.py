@@ -596,6 +596,15 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
                     f"{rec['timeline_after']}, not of a timeline above the {rec['timeline_known']} it knew: "
                     "a fork of the old timeline"
                     + (" (it lost power while it promoted)" if step.kind == "promote-power" else ""))
+            if (rec["timeline_entered_by"] or "").startswith("crash recovery"):
+                # its promotion's timeline is not in its history: it came
+                # back a primary of the timeline it had, and only the crash
+                # switch of a primary that streams unflushed WAL moved it on
+                raise verdict.Failure(
+                    f"timeline: {target.name} came out of its promotion on timeline {rec['timeline_after']}, "
+                    f"which a crash switch made from a timeline it had ({rec['timeline_entered_by']}): its "
+                    "promotion's timeline is not in its history, so it had started a primary of the old "
+                    "timeline")
         elif step.kind == "partition":
             # a cut link delays the primary's commits, it must not fail them:
             # session errors now fail the step (fault_at stays unset)
