@@ -691,12 +691,18 @@ impl<'a> Session<'a> {
         }
         if self.unverified {
             // a transaction written before is hidden only while it waits
-            // for a standby, and it has waited since before the first read
+            // for a standby, and it has waited since before the first read.
+            // A commit whose wait ended takes a moment more to become
+            // visible (its backend leaves SyncRep before the proc array),
+            // so it is waited for until a read sees it; a PREPARE that
+            // waited stays in progress until its COMMIT PREPARED, and is not
             let mut w = self
                 .waiting_for
                 .take()
                 .unwrap_or_else(|| chunk.held.clone());
-            w.retain(|x| chunk.held.contains(x));
+            w.retain(|x| {
+                chunk.held.contains(x) || (chunk.invisible(*x) && !chunk.prepared.contains(x))
+            });
             if w.is_empty() {
                 self.unverified = false;
             } else {

@@ -34,7 +34,9 @@
 //! snapshot began), only transactions waiting for a synchronous standby
 //! (`wait_event` `SyncRep` in `pg_stat_activity`; their `backend_xid` needs
 //! `pg_read_all_stats` to be seen) can be hidden, and chunks wait until the
-//! ones waiting at the first chunk have finished.
+//! ones waiting at the first chunk are visible to the read (a commit leaves
+//! its wait a moment before it becomes visible; a prepared transaction,
+//! which stays in progress until its COMMIT PREPARED, is not waited for).
 //!
 //! A streamed transaction's changes reach Kafka at its commit; when one
 //! that touched the chunk's table commits inside the window, the chunk is
@@ -197,6 +199,9 @@ pub(crate) struct Chunk {
     /// Transactions waiting for a synchronous standby when S was taken
     /// (committed, not yet visible).
     pub held: Vec<u32>,
+    /// Prepared transactions when S was taken: in progress until their
+    /// COMMIT PREPARED, however long that takes.
+    pub prepared: HashSet<u32>,
     /// The table's primary key, when the key columns of its records are
     /// (a FULL table) and `KeyColumns` did not know it yet.
     pub primary_key: Option<Vec<String>>,
@@ -330,7 +335,9 @@ async fn read_chunk_in(
                     (CASE WHEN pg_catalog.pg_is_in_recovery() \
                           THEN pg_catalog.pg_last_wal_replay_lsn() \
                           ELSE pg_catalog.pg_current_wal_insert_lsn() END)::text, \
-                    pg_catalog.current_setting('wal_block_size') \
+                    pg_catalog.current_setting('wal_block_size'), \
+                    (SELECT pg_catalog.string_agg(p.transaction::text, ',') \
+                     FROM pg_catalog.pg_prepared_xacts p) \
              FROM (SELECT pg_catalog.pg_current_snapshot() AS s) q",
         )
         .await?;
@@ -366,6 +373,7 @@ async fn read_chunk_in(
     let xmax = *xids(0)?.first().ok_or_else(|| bad("no xmax".into()))?;
     let in_progress: HashSet<u32> = xids(1)?.into_iter().collect();
     let held = xids(2)?;
+    let prepared: HashSet<u32> = xids(6)?.into_iter().collect();
     let pubs: Vec<&str> = publications.iter().map(String::as_str).collect();
     let published = pgwal::snapshot::published_tables(sql, &pubs).await?;
     let Some(p) = published
@@ -511,6 +519,7 @@ async fn read_chunk_in(
         in_progress,
         xmax,
         held,
+        prepared,
         primary_key,
     }))
 }
