@@ -27,6 +27,7 @@ from __future__ import annotations
 import filecmp
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -332,6 +333,14 @@ class HistoryCluster:
         if crash_after_ms is None:
             faults.promote(node)
         else:
+            # the startup process writes the history file and then the
+            # end-of-recovery record, a few milliseconds apart: it is stopped
+            # the moment the file appears, the rest of the node with the
+            # power loss (a crash first lists the node's processes, which
+            # takes longer than that window).  The others running on for
+            # those milliseconds is a schedule the server must take anyway.
+            startup = node.scalar("SELECT pid FROM pg_stat_activity WHERE backend_type = 'startup'") \
+                if crash_after_ms == "history" else None
             node.run_pg([node.bin("pg_ctl"), "-D", node.datadir, "-W", "promote"], timeout=30)
             if crash_after_ms == "history":
                 t1 = time.monotonic()
@@ -340,6 +349,8 @@ class HistoryCluster:
                         raise LabError(f"{node.name}: no new timeline history file 30 s after its promotion "
                                        "was requested")
                     time.sleep(0.0002)
+                if startup:
+                    faults.signal_all([startup], signal.SIGSTOP)
                 waited_ms = round((time.monotonic() - t1) * 1000, 1)
                 extra = crash()
                 extra["history_seen_after_ms"] = waited_ms
