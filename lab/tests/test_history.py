@@ -269,10 +269,6 @@ def test_a_quarter_of_the_failovers_find_the_primary_frozen():
         "promote-power takes N:MS or N:history"
 
 
-@pytest.mark.xfail(strict=False, reason="server bug not fixed yet (docs/results/mutants-third): when the power "
-                   "loss lands before the end-of-recovery record, the node comes back a standby of the orphan "
-                   "timeline, and a standby behind the switch cannot stream the old timeline's last segment "
-                   "from it afterwards (liveness)")
 def test_a_promotion_that_loses_power_at_its_history_file_holds(pg_bin, tmp_path):
     # the synchronous standby loses power the moment its new timeline's
     # history file appears: it comes back a standby (promoted again) or, if
