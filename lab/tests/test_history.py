@@ -332,24 +332,25 @@ def test_a_promotion_that_comes_back_a_primary_of_the_old_timeline_fails(pg_bin,
 
 
 def test_how_a_promoted_node_left_the_timelines_it_knew_is_read_from_its_history_file():
-    from pgwal_lab.history.cluster import HistoryCluster
+    from pgwal_lab.history.cluster import first_switch_above, parse_history
 
-    class Node:
-        def __init__(self, text):
-            self.text = text
-
-        def scalar(self, q, args):
-            return self.text
-
-    promoted_then_crashed = "1\t0/4000100\tno recovery target specified\n" \
-                            "2\t0/5000000\tcrash recovery after sending unflushed WAL\n"
-    fork_then_crash_switch = "1\t0/4000100\tcrash recovery beyond a standby's read horizon\n"
+    promoted_then_crashed = parse_history("1\t0/4000100\tno recovery target specified\n"
+                                          "\n"
+                                          "2\t0/5000000\tcrash recovery after sending unflushed WAL\n")
+    fork_then_crash_switch = parse_history("1\t0/4000100\tcrash recovery beyond a standby's read horizon\n")
+    # a timeline without WAL: promoted to 8, lost power before the
+    # end-of-recovery record, came back a standby of 8 and promoted to 10
+    through_an_empty_timeline = parse_history("7\t0/6539B90\tno recovery target specified\n"
+                                              "8\t0/6539B90\tno recovery target specified\n")
+    assert [(s.parent, s.at) for s in promoted_then_crashed] == [(1, 0x4000100), (2, 0x5000000)]
     # known 1: the promotion to 2 came first, whatever followed
-    assert HistoryCluster.switch_above(None, Node(promoted_then_crashed), 5, 1) == "no recovery target specified"
+    assert first_switch_above(promoted_then_crashed, 5, 1) == "no recovery target specified"
     # known 2 (the promotion's history file was there): only the crash switch is above it
-    assert HistoryCluster.switch_above(None, Node(promoted_then_crashed), 5, 2).startswith("crash recovery")
-    assert HistoryCluster.switch_above(None, Node(fork_then_crash_switch), 3, 1).startswith("crash recovery")
-    assert HistoryCluster.switch_above(None, Node(""), 1, 1) is None
+    assert first_switch_above(promoted_then_crashed, 5, 2).startswith("crash recovery")
+    assert first_switch_above(fork_then_crash_switch, 3, 1).startswith("crash recovery")
+    assert first_switch_above(through_an_empty_timeline, 10, 7) == "no recovery target specified"
+    assert first_switch_above(through_an_empty_timeline, 10, 8) == "no recovery target specified"
+    assert first_switch_above(parse_history(""), 1, 1) is None
 
 
 def test_a_one_way_stall_proves_itself_and_holds_on_a_correct_server(pg_bin, tmp_path):

@@ -29,6 +29,7 @@ import os
 import shutil
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import topology
@@ -69,26 +70,60 @@ def lsn_int(lsn: str) -> int:
     return (int(hi, 16) << 32) | int(lo, 16)
 
 
+def lsn_text(lsn: int) -> str:
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
 def wal_file_name(tli: int, lsn: int) -> str:
     segno = lsn // WAL_SEGMENT
     per_id = 0x100000000 // WAL_SEGMENT
     return f"{tli:08X}{segno // per_id:08X}{segno % per_id:08X}"
 
 
+@dataclass(frozen=True)
+class TimelineSwitch:
+    """One line of a timeline history file: timeline `parent` was left at
+    `at` (for the next line's timeline, or the file's own), for `reason`."""
+    parent: int
+    at: int
+    reason: str
+
+
+def parse_history(text: str) -> list[TimelineSwitch]:
+    """The switches of a timeline history file's text, oldest first (the
+    server writes each line as parent, tab, switch point, tab, reason)."""
+    out = []
+    for ln in text.splitlines():
+        f = ln.split("\t")
+        if len(f) < 2 or not f[0].strip().isdigit():
+            continue  # blank or a comment
+        out.append(TimelineSwitch(int(f[0]), lsn_int(f[1].strip()), f[2].strip() if len(f) > 2 else ""))
+    return out
+
+
+def first_switch_above(switches: list[TimelineSwitch], tli: int, known: int) -> str | None:
+    """The reason of the first switch, in the lineage of timeline `tli`
+    (`switches`, its history), to a timeline above `known`: how a node left
+    the timelines it knew."""
+    for i, sw in enumerate(switches):
+        child = switches[i + 1].parent if i + 1 < len(switches) else tli
+        if child > known:
+            return sw.reason
+    return None
+
+
 def switch_segments_in(history: str, archive: Path) -> list[str]:
     """The names in `archive` of old-timeline segments across a crash
     switch of `history` (a timeline history file's text)."""
     out = []
-    for ln in history.splitlines():
-        f = ln.split("\t")
-        if len(f) < 3 or not f[0].strip().isdigit() or not f[2].startswith("crash recovery"):
+    for sw in parse_history(history):
+        if not sw.reason.startswith("crash recovery"):
             continue
-        parent, at = int(f[0]), lsn_int(f[1].strip())
-        if at % WAL_SEGMENT == 0:
+        if sw.at % WAL_SEGMENT == 0:
             continue  # the switch point begins a segment: nothing of it is on the old timeline
-        name = wal_file_name(parent, at)
+        name = wal_file_name(sw.parent, sw.at)
         if (archive / name).exists():
-            out.append(f"{name} (timeline {parent} left at {f[1].strip()}: {f[2].strip()})")
+            out.append(f"{name} (timeline {sw.parent} left at {lsn_text(sw.at)}: {sw.reason})")
     return out
 
 
@@ -279,26 +314,17 @@ class HistoryCluster:
         if node.pid() is not None and Path(f"/proc/{node.pid()}").exists():
             raise LabError(f"{node.name} did not stop")
 
+    @staticmethod
+    def history(node, tli: int) -> list[TimelineSwitch]:
+        """The switches of `node`'s history file of timeline `tli` (none for
+        timeline 1, or a file it does not have)."""
+        return parse_history(node.scalar("SELECT pg_read_file(%s, 0, 1000000, true)",
+                                         (f"pg_wal/{tli:08X}.history",)) or "")
+
     def fork_point(self, new_primary) -> tuple[int, int] | None:
         """(parent timeline, switch point) of the new primary's newest history entry."""
-        tli = self.timeline(new_primary)
-        text = new_primary.scalar("SELECT pg_read_file(%s, 0, 1000000, true)", (f"pg_wal/{tli:08X}.history",))
-        if not text:
-            return None
-        last = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")][-1].split()
-        return int(last[0]), lsn_int(last[1])
-
-    def switch_above(self, node, tli: int, known: int) -> str | None:
-        """The reason (as node's history file of `tli` gives it) of the first
-        switch in that timeline's lineage to a timeline above `known`: how
-        the node left the timelines it knew."""
-        text = node.scalar("SELECT pg_read_file(%s, 0, 1000000, true)", (f"pg_wal/{tli:08X}.history",)) or ""
-        entries = [ln.split("\t") for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
-        for i, f in enumerate(entries):
-            child = int(entries[i + 1][0]) if i + 1 < len(entries) else tli
-            if child > known:
-                return f[2].strip() if len(f) > 2 else ""
-        return None
+        switches = self.history(new_primary, self.timeline(new_primary))
+        return (switches[-1].parent, switches[-1].at) if switches else None
 
     def replayed(self, node) -> int | None:
         try:
@@ -362,7 +388,7 @@ class HistoryCluster:
                 faults.promote(node)
         extra["timeline_known"] = known
         extra["timeline_after"] = tli = self.timeline(node)
-        extra["timeline_entered_by"] = self.switch_above(node, tli, known)
+        extra["timeline_entered_by"] = first_switch_above(self.history(node, tli), tli, known)
         node.upstream = None
         self.c.primary = node
         node.sync = False
@@ -464,11 +490,8 @@ class HistoryCluster:
         ancestor's switch point, the current timeline's flush position."""
         tli = self.timeline(p)
         ends = {tli: lsn_int(p.scalar("SELECT pg_current_wal_flush_lsn()::text"))}
-        text = p.scalar("SELECT pg_read_file(%s, 0, 1000000, true)", (f"pg_wal/{tli:08X}.history",)) or ""
-        for ln in text.splitlines():
-            f = ln.split()
-            if len(f) >= 2 and not ln.startswith("#") and f[0].isdigit():
-                ends[int(f[0])] = lsn_int(f[1])
+        for sw in self.history(p, tli):
+            ends[sw.parent] = sw.at
         return ends
 
     def history_mismatches(self) -> list[str]:
