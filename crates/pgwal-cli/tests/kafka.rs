@@ -2108,7 +2108,11 @@ fn kafka_sink_snapshot_while_written_and_killed() {
             label,
             &bin,
             Options {
-                conf: vec!["logical_decoding_work_mem = '64kB'".into()],
+                conf: vec![
+                    "logical_decoding_work_mem = '64kB'".into(),
+                    // the held PREPARE of snapshot_behind_a_held_commit
+                    "max_prepared_transactions = 2".into(),
+                ],
                 ..Options::default()
             },
         );
@@ -2591,8 +2595,11 @@ fn chunks_read_only_and_again(log: &str) -> (u64, u64) {
 /// hides it (a synchronous standby has not confirmed it): a chunk read
 /// then must not be written, or the row's older state would follow its
 /// newer one into Kafka. The sink reads the chunk again until the commit is
-/// visible; the copy then has the newer state. Returns how often the chunk
-/// was read again.
+/// visible; the copy then has the newer state. A PREPARE TRANSACTION that
+/// waited for the standby too stays in progress after its wait, until its
+/// COMMIT PREPARED: the snapshot must not wait for it (the stream carries
+/// it at COMMIT PREPARED, after the chunk's older state). Returns how often
+/// the chunk was read again.
 fn snapshot_behind_a_held_commit(
     label: &str,
     c: &Cluster,
@@ -2619,15 +2626,19 @@ fn snapshot_behind_a_held_commit(
     let held = c.psql_in_background(format!(
         "SET synchronous_commit = on; UPDATE {table} SET ver = 2 WHERE id = 5;"
     ));
+    let held_prepare = c.psql_in_background(format!(
+        "SET synchronous_commit = on; BEGIN; UPDATE {table} SET ver = 4 WHERE id = 9; \
+         PREPARE TRANSACTION 'held_{label}';"
+    ));
     let t0 = Instant::now();
-    while c.query("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'") != "1" {
+    while c.query("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'") != "2" {
         assert!(
             t0.elapsed() < Duration::from_secs(30),
-            "{label}: the commit did not wait"
+            "{label}: the commit and the PREPARE did not wait"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    phase("a commit waits for the standby");
+    phase("a commit and a PREPARE wait for the standby");
     // no heartbeats: on this idle server a read-only chunk's window can
     // end only through the position requests (without them it never does)
     let mut sink = start_sink(
@@ -2701,12 +2712,21 @@ fn snapshot_behind_a_held_commit(
         std::thread::sleep(Duration::from_millis(200));
     }
     phase("a second held commit is in Kafka");
-    // the standby "confirms" the first: it becomes visible
+    // the standby "confirms" the first and the PREPARE: the commit becomes
+    // visible, the prepared transaction stays in progress
     c.psql(
         "SELECT pg_cancel_backend(pid) FROM pg_stat_activity \
          WHERE wait_event = 'SyncRep' AND application_name <> 'held_too';",
     );
     held.join().unwrap();
+    held_prepare.join().unwrap();
+    assert_eq!(
+        c.query(&format!(
+            "SELECT count(*) FROM pg_prepared_xacts WHERE gid = 'held_{label}'"
+        )),
+        "1",
+        "{label}: the PREPARE did not complete"
+    );
     let t0 = Instant::now();
     while kafka_progress_value(addr, c).is_some_and(|p| p.get("snapshot").is_some()) {
         sink.assert_running(label);
@@ -2717,12 +2737,32 @@ fn snapshot_behind_a_held_commit(
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    phase("the snapshot ended, the second commit still held");
+    phase("the snapshot ended, the second commit still held, the transaction still prepared");
     c.psql(
         "ALTER SYSTEM RESET synchronous_standby_names; SELECT pg_reload_conf();
          SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep';",
     );
     held_too.join().unwrap();
+    c.psql(&format!(
+        "SET synchronous_commit = local; COMMIT PREPARED 'held_{label}';"
+    ));
+    let t0 = Instant::now();
+    while !read_all(addr, &[&topic(&table)], "read_committed")
+        .iter()
+        .any(|r| {
+            r.key.as_deref() == Some(br#"{"id":9}"#.as_slice())
+                && r.value.as_deref().is_some_and(|v| {
+                    serde_json::from_slice::<Value>(v).unwrap()["after"]["ver"] == 4
+                })
+        })
+    {
+        sink.assert_running(label);
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{label}: the committed prepared transaction did not reach Kafka in 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     // a table without a key is left out, and the sink goes on
     c.psql(&format!(
         "CREATE TABLE nokey_{label} (v int); INSERT INTO nokey_{label} VALUES (1);
@@ -2759,6 +2799,10 @@ fn snapshot_behind_a_held_commit(
     assert_eq!(
         copy[r#"{"id":7}"#]["ver"], 3,
         "{label}: the row of the commit held while the snapshot ran was read in its older state"
+    );
+    assert_eq!(
+        copy[r#"{"id":9}"#]["ver"], 4,
+        "{label}: the prepared transaction's row is not in its committed state"
     );
     let reads = records
         .iter()
