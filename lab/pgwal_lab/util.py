@@ -129,6 +129,18 @@ def run(cmd, *, timeout: float = 120, check: bool = True, env=None, cwd=None, ne
     return p
 
 
+def popen(cmd, *, env=None, netns: str | None = None, as_pg: bool = False) -> subprocess.Popen:
+    """Start a command as run() would, in a session (and process group) of
+    its own, its output merged and piped; the caller waits for it."""
+    cmd = [str(c) for c in cmd]
+    if as_pg and is_root():
+        cmd = as_pg_prefix() + cmd
+    if netns:
+        cmd = ["ip", "netns", "exec", netns] + cmd
+    return subprocess.Popen(cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
 _FIRST_PORT = 10_000
 _port_cursor = itertools.count()
 

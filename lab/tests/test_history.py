@@ -228,6 +228,20 @@ def test_a_third_of_the_stalled_disks_are_full_instead():
     assert "file systems" in sched.applicable(sched.Step("disk-full", ("n1",)), st)
 
 
+def test_a_third_of_the_drawn_rejoins_lose_power_during_their_rewind():
+    st = sched.State("n2", {"n3": "n2", "n4": "n3"}, down=["n1"])
+    rng = random.Random(9)
+    steps = [sched.next_step(rng, st, LEVELS) for _ in range(3000)]
+    rejoins = [s for s in steps if s.kind in ("rejoin", "rewind-power")]
+    cut = [s for s in rejoins if s.kind == "rewind-power"]
+    assert 0.25 < len(cut) / len(rejoins) < 0.42, (len(cut), len(rejoins))
+    assert all(s.args == ("n1",) and sched.REWIND_CUT_MS[0] <= s.moment_ms <= sched.REWIND_CUT_MS[1]
+               for s in cut)
+    assert "rewind-power" in sched.FAULTS
+    assert sched.applicable(sched.Step("rewind-power", ("n1",)), st) is None
+    assert sched.applicable(sched.Step("rewind-power", ("n3",)), st) == "n3 is not down"
+
+
 def test_half_of_the_drawn_histories_open_with_a_flush_worker_on():
     st = _state()
     opened = [histories.opening(s, st, LEVELS) for s in range(1, 401)]
@@ -282,6 +296,23 @@ def test_a_promotion_that_loses_power_at_its_history_file_holds(pg_bin, tmp_path
     step = h["records"][0]
     assert step["crash_at"] == "history" and step["history_seen_after_ms"] >= 0
     assert "promoted_before_crash" in step and step["acked"] > 0
+
+
+@pytest.mark.parametrize("moment_ms", [0, 60, 150, 300])
+def test_a_rewind_cut_by_a_power_loss_is_redone_or_replaced(pg_bin, tmp_path, moment_ms):
+    # the old primary's pg_rewind loses power at a moment between its start
+    # and its end (its single-user crash recovery, the copy, the syncs, the
+    # control file); run again, it must either refuse, and the node is
+    # rebuilt from a base backup, or leave a node that streams and holds
+    # the primary's rows (a second run on a finished target once forked it)
+    records = _history(pg_bin, tmp_path, schedule=f"failover:n2@on/600/200 rewind-power:n1@on/300/{moment_ms}")
+    assert histories.failures(records) is None, histories.failures(records)
+    (h,) = records
+    assert not h["skipped"], h["skipped"]
+    step = h["records"][1]
+    assert step["after_cut"] in ("rewound again", "base backup of the primary",
+                                 "none needed (the rewind had ended, synced)")
+    assert "undone_rewind" in step and step["rows"] > 0
 
 
 FORK_ON_TIMELINE_1 = "a primary of timeline 1, not of a timeline above the 1"

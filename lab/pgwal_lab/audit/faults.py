@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 from .. import power
-from ..util import LabError, run, wait_for
+from ..util import LabError, popen, run, wait_for
 
 
 def children(pid: int) -> list[int]:
@@ -119,6 +120,15 @@ def _reap(pids) -> None:
                 os.waitpid(p, os.WNOHANG)
             except ChildProcessError:
                 pass
+
+
+def _pgrp(pid: int) -> int | None:
+    """The process group of `pid`, or None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rfind(")") + 2:].split()[2])
 
 
 def _parent(pid: int) -> int | None:
@@ -382,6 +392,53 @@ def rewind(node, source, timeout: float = 300) -> str:
         print(out, flush=True)
     lines = out.splitlines()
     return lines[-1] if lines else ""
+
+
+def drop_garbled_lock_file(node) -> None:
+    """A power loss can leave postmaster.pid empty or torn where it was never
+    fsynced (fsync = off): pg_ctl then refuses to start.  A cluster manager
+    removes such a file (a stale but readable one the server handles itself)."""
+    p = node.datadir / "postmaster.pid"
+    try:
+        first = p.read_text().split("\n", 1)[0].strip()
+    except OSError:
+        return
+    if not first.isdigit():
+        p.unlink(missing_ok=True)
+
+
+def rewind_cut(node, source, moment_ms: int) -> dict:
+    """Start pg_rewind of a crashed former primary against `source` and cut
+    it `moment_ms` later with a power loss of the node's host: every process
+    of the run (pg_rewind, and the single-user server it starts for the
+    target's crash recovery) is stopped, then killed, and what it wrote and
+    did not sync is lost (power.undo).  Returns what the cut found: whether
+    pg_rewind had already ended, and the undo statistics."""
+    source.sql("CHECKPOINT")
+    cmd = [node.bin("pg_rewind"), "-D", node.datadir, "--source-server",
+           f"host={source.sockdir} port={source.port} user=postgres dbname=postgres"]
+    p = popen(cmd, env={**os.environ, **{k: str(v) for k, v in node.env().items()}}, netns=node.netns,
+              as_pg=True)
+    time.sleep(moment_ms / 1000)
+    ended = p.poll()
+    # its own process group (popen starts a session): stopped as one, so
+    # that nothing of it writes between the first stop and the kill
+    group = [pid for pid in _parents() if _pgrp(pid) == p.pid]
+    signal_all(group, signal.SIGSTOP)
+    group = _stop_descendants(group)
+    signal_all(group, signal.SIGKILL)
+    try:
+        p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        raise LabError(f"{node.name}: pg_rewind did not die after SIGKILL") from None
+    rest = [x for x in group if x != p.pid]
+    wait_for(lambda: _reap(rest) or not any(_exists(x) for x in rest), 30,
+             f"{node.name}'s pg_rewind processes to die and be reaped", interval=0.005)
+    out = (p.stdout.read() if p.stdout else "").strip().splitlines()
+    undo = power.undo(volatile_dir(node), [node.datadir]).asdict()
+    power.prepare(volatile_dir(node))
+    return {"rewind_ended_before_cut": ended is not None, "rewind_exit": ended,
+            "rewind_last_line": out[-1] if out else "", "undone_rewind": undo}
 
 
 def make_standby_of(node, upstream) -> None:

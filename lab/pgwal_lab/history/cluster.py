@@ -127,6 +127,7 @@ def switch_segments_in(history: str, archive: Path) -> list[str]:
     return out
 
 
+
 class HistoryCluster:
     def __init__(self, bin_dir, settings: dict, net: str = "1ms", wal_fsync_ms: float = 1):
         disk = f"fsync={int(wal_fsync_ms * 1000)},match=pg_wal" if wal_fsync_ms else "tmpfs"
@@ -432,10 +433,48 @@ class HistoryCluster:
         self.refresh_sync_names()
         return out
 
+    def rejoin_cut(self, name: str, moment_ms: int) -> dict:
+        """A rejoin whose pg_rewind loses power `moment_ms` after it started
+        (faults.rewind_cut), followed by what a cluster manager does once the
+        host is back: pg_rewind again.  Where that refuses, the node is
+        rebuilt by a base backup of the primary, as PostgreSQL's documentation
+        says to after a failed rewind.  Either way the node must then
+        converge with the primary: a second pg_rewind that reports success on
+        a half-rewound directory and leaves it diverged fails the history."""
+        node = self.node(name)
+        rec = faults.rewind_cut(node, self.primary, moment_ms)
+        if rec["rewind_ended_before_cut"]:
+            if rec["rewind_exit"] != 0:
+                raise LabError(f"pg_rewind of {node.name} failed before the power loss: {rec['rewind_last_line']}")
+            rec["after_cut"] = "none needed (the rewind had ended, synced)"
+            self.become_standby(node)
+        else:
+            faults.drop_garbled_lock_file(node)  # as before any start after a power loss
+            try:
+                rec["rewind"] = self.rewind(node, self.primary)
+                rec["after_cut"] = "rewound again"
+            except LabError as e:
+                rec["second_rewind_refused"] = str(e)[-600:]
+                rec["after_cut"] = "base backup of the primary"
+                self._base_backup(node, self.primary, "stream")
+        self.relink(node, self.primary)
+        faults.arm(node)
+        self.down.remove(name)
+        node.start()
+        self.refresh_sync_names()
+        return rec
+
     def rebuild(self, node, source, wal_method: str) -> None:
         """Replace a standby by a base backup of another standby; it follows
         its upstream as before."""
         self.stop(node)
+        self._base_backup(node, source, wal_method)
+        faults.arm(node)
+        node.start()
+
+    def _base_backup(self, node, source, wal_method: str) -> None:
+        """Replace a stopped node's data directory by a base backup of
+        `source`, a standby's (standby.signal, no ALTER SYSTEM settings)."""
         shutil.rmtree(node.datadir)
         node.datadir.mkdir(mode=0o700)
         chown_to_pg(node.datadir)
@@ -446,8 +485,6 @@ class HistoryCluster:
             env=node.disk_profile.env() or None)
         self.become_standby(node)
         os.sync()
-        faults.arm(node)
-        node.start()
 
     def archive_against_primary(self) -> tuple[int, list[str]]:
         """Compare every archived segment the primary holds complete (its

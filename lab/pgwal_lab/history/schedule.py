@@ -34,6 +34,11 @@ KINDS = {
     "failover-both": (1, "as failover, but the standby loses power together with the primary: it restarts "
                          "(crash recovery of its own WAL) before it is promoted"),
     "rejoin": (0, "a former primary rewound (pg_rewind) and started as a standby of the primary"),
+    "rewind-power": (0, "as rejoin, but the host of the former primary loses power the moment after pg_rewind "
+                        "started (its writes not yet synced are lost, the rewind is cut short); then what a "
+                        "cluster manager does: pg_rewind again, or, where that refuses, a base backup of the "
+                        "primary.  The node must then hold the primary's rows.  Drawn as a third of the rejoins "
+                        "drawn"),
     "partition": (1, "a standby's link cut for the moment (connections reset, reconnects refused), then healed"),
     "restart": (1, "a clean restart of a node (pg_ctl -m fast)"),
     "uw": (1, "stream_unflushed_wal set on every node (written or off)"),
@@ -87,8 +92,10 @@ FAILOVERS = ("failover", "failover-both", "held-failover-both", "paused-failover
 ONE_WAY_MS = (1100, 2500)
 # how long a paused-failover's old primary runs as a zombie before its fence
 ZOMBIE_S = 0.5
+# how long pg_rewind runs before its host loses power
+REWIND_CUT_MS = (0, 400)
 # the steps that are faults (a history of N faults counts these)
-FAULTS = CRASHES + ("partition", "pause", "io-stall", "disk-full")
+FAULTS = CRASHES + ("partition", "pause", "io-stall", "disk-full", "rewind-power")
 # the processes kill-proc draws from, by role
 PRIMARY_PROCS = ("walsender", "backend")
 STANDBY_PROCS = ("walreceiver", "startup")
@@ -176,6 +183,11 @@ def next_step(rng: random.Random, st: State, levels: list[str], load_ms=(300, 15
     load = rng.randint(*load_ms)
     live = [st.primary, *st.standbys]
     if st.down and rng.random() < 0.6:
+        # a third of them lose power during pg_rewind (from a generator of
+        # their own, so that a seed's other draws stay as they were)
+        side = random.Random(load * 104_729 + 11)
+        if side.random() < 1 / 3:
+            return Step("rewind-power", (st.down[0],), level, load, side.randint(*REWIND_CUT_MS))
         return Step("rejoin", (st.down[0],), level, load)
     kinds = [k for k, (w, _) in KINDS.items() for _ in range(w)]
     while True:
@@ -281,7 +293,7 @@ def applicable(step: Step, st: State) -> str | None:
         if st.down:
             return f"{st.down[0]} is still down"
         return None if a and a[0] in st.standbys else f"{a[0] if a else '?'} is not a standby"
-    if step.kind == "rejoin":
+    if step.kind in ("rejoin", "rewind-power"):
         return None if a and a[0] in st.down else f"{a[0] if a else '?'} is not down"
     if step.kind == "partition":
         return None if a and a[0] in st.standbys else f"{a[0] if a else '?'} is not a standby"

@@ -89,20 +89,7 @@ def _before_restart(hc: HistoryCluster, node, before_start=None) -> None:
             faults.heal(s)
     if before_start:
         before_start()
-    _drop_garbled_lock_file(node)
-
-
-def _drop_garbled_lock_file(node) -> None:
-    """A power loss can leave postmaster.pid empty or torn where it was never
-    fsynced (fsync = off): pg_ctl then refuses to start.  A cluster manager
-    removes such a file (a stale but readable one the server handles itself)."""
-    p = node.datadir / "postmaster.pid"
-    try:
-        first = p.read_text().split("\n", 1)[0].strip()
-    except OSError:
-        return
-    if not first.isdigit():
-        p.unlink(missing_ok=True)
+    faults.drop_garbled_lock_file(node)
 
 
 def label_of(hc: HistoryCluster, step: Step, sync_name: str | None) -> str:
@@ -629,6 +616,8 @@ def run_step(hc: HistoryCluster, step: Step, index: int, readers: list[str]) -> 
     rec["errors_before_fault"] = [x.error for x in load.writers + load.readers if x.error_before_fault]
     if step.kind == "rejoin":
         rec["rewind"] = hc.rejoin(step.args[0])
+    elif step.kind == "rewind-power":
+        rec.update(hc.rejoin_cut(step.args[0], step.moment_ms))
     elif step.kind == "restart":
         hc.stop(target)
         target.start()
