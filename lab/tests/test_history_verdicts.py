@@ -156,6 +156,34 @@ def test_full_named_segment_across_a_crash_switch_is_found(tmp_path):
     assert len(found) == 1 and found[0].startswith("000000020000000000000007 (timeline 2 left at 0/7ABCDEF")
 
 
+def test_a_segment_the_cut_record_had_finished_may_be_archived_whole(tmp_path):
+    """The record a crash cut started 96 bytes before the segment's end and
+    ran into the next segment: writing it finished the segment, which was
+    fsynced and archived before the crash, on a correct server too.  A
+    record that would have ended inside the segment means the segment was
+    never finished, and its full name is flagged."""
+    from pgwal_lab.history.cluster import WAL_SEGMENT, switch_segments_in
+
+    history = "1\t0/4FFFFA0\tcrash recovery after sending unflushed WAL\n"
+    seg = tmp_path / "000000010000000000000004"
+
+    def write(tot_len: int, size: int = WAL_SEGMENT) -> None:
+        data = bytearray(size)
+        off = 0x4FFFFA0 % WAL_SEGMENT
+        if off + 4 <= size:
+            data[off:off + 4] = tot_len.to_bytes(4, "little")
+        seg.write_bytes(bytes(data))
+
+    write(200)  # 96 bytes left in the segment: the record ran on
+    assert switch_segments_in(history, tmp_path) == []
+    write(64)  # it fitted: the segment was not finished by it
+    assert len(switch_segments_in(history, tmp_path)) == 1
+    write(0)  # nothing there
+    assert len(switch_segments_in(history, tmp_path)) == 1
+    write(200, size=WAL_SEGMENT // 2)  # not a whole segment
+    assert len(switch_segments_in(history, tmp_path)) == 1
+
+
 def test_coverage_matrix_counts_steps_by_fault_role_features_and_level():
     from pgwal_lab.history import report
 

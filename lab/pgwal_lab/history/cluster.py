@@ -122,10 +122,42 @@ def switch_segments_in(history: str, archive: Path) -> list[str]:
         if sw.at % WAL_SEGMENT == 0:
             continue  # the switch point begins a segment: nothing of it is on the old timeline
         name = wal_file_name(sw.parent, sw.at)
-        if (archive / name).exists():
+        if (archive / name).exists() and not _finished_by_the_cut_record(archive / name, sw.at):
             out.append(f"{name} (timeline {sw.parent} left at {lsn_text(sw.at)}: {sw.reason})")
     return out
 
+
+WAL_PAGE = 8192
+
+
+def _finished_by_the_cut_record(segment: Path, at: int) -> bool:
+    """Whether the segment was complete before the crash: the record that
+    starts at the switch point (the one the crash cut) runs past the
+    segment's end.  Writing it finished the segment, and a finished segment
+    is fsynced and marked for archiving at once, so it may reach the archive
+    under its full name before the crash, on any server; its bytes past the
+    switch point are only the first part of that record, which no reader
+    of the old timeline reaches (its history ends at the switch point)."""
+    off = at % WAL_SEGMENT
+    if off % WAL_PAGE > WAL_PAGE - 4:
+        return False  # xl_tot_len itself would cross a page boundary: not judged as finished
+    try:
+        with segment.open("rb") as f:
+            if os.fstat(f.fileno()).st_size != WAL_SEGMENT:
+                return False
+            f.seek(off)
+            tot_len = int.from_bytes(f.read(4), "little")
+    except OSError:
+        return False
+    # the record's bytes on this segment's pages, page headers excluded, are
+    # fewer than its length: its end lies in the next segment
+    room = 0
+    pos = off
+    while pos < WAL_SEGMENT:
+        page_end = (pos // WAL_PAGE + 1) * WAL_PAGE
+        room += page_end - pos
+        pos = page_end + 24  # the next page's short header (SizeOfXLogShortPHD)
+    return tot_len > room
 
 
 class HistoryCluster:
