@@ -475,20 +475,18 @@ class HistoryCluster:
         a half-rewound directory and leaves it diverged fails the history."""
         node = self.node(name)
         rec = faults.rewind_cut(node, self.primary, moment_ms)
-        if rec["rewind_ended_before_cut"]:
-            if rec["rewind_exit"] != 0:
-                raise LabError(f"pg_rewind of {node.name} failed before the power loss: {rec['rewind_last_line']}")
-            rec["after_cut"] = "none needed (the rewind had ended, synced)"
-            self.become_standby(node)
-        else:
-            faults.drop_garbled_lock_file(node)  # as before any start after a power loss
-            try:
-                rec["rewind"] = self.rewind(node, self.primary)
-                rec["after_cut"] = "rewound again"
-            except LabError as e:
-                rec["second_rewind_refused"] = str(e)[-600:]
-                rec["after_cut"] = "base backup of the primary"
-                self._base_backup(node, self.primary, "stream")
+        if rec["rewind_ended_before_cut"] and rec["rewind_exit"] != 0:
+            raise LabError(f"pg_rewind of {node.name} failed before the power loss: {rec['rewind_last_line']}")
+        # run again also when it had ended: the host lost power before
+        # whoever ran it could record that, and before the node started
+        faults.drop_garbled_lock_file(node)  # as before any start after a power loss
+        try:
+            rec["rewind"] = self.rewind(node, self.primary)
+            rec["after_cut"] = "rewound again"
+        except LabError as e:
+            rec["second_rewind_refused"] = str(e)[-600:]
+            rec["after_cut"] = "base backup of the primary"
+            self._base_backup(node, self.primary, "stream")
         self.relink(node, self.primary)
         faults.arm(node)
         self.down.remove(name)

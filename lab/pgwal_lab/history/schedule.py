@@ -35,10 +35,10 @@ KINDS = {
                          "(crash recovery of its own WAL) before it is promoted"),
     "rejoin": (0, "a former primary rewound (pg_rewind) and started as a standby of the primary"),
     "rewind-power": (0, "as rejoin, but the host of the former primary loses power the moment after pg_rewind "
-                        "started (its writes not yet synced are lost, the rewind is cut short); then what a "
-                        "cluster manager does: pg_rewind again, or, where that refuses, a base backup of the "
-                        "primary.  The node must then hold the primary's rows.  Drawn as a third of the rejoins "
-                        "drawn"),
+                        "started (its writes not yet synced are lost; the rewind is cut short, or had just "
+                        "ended and the node was not started yet); then what a cluster manager does: pg_rewind "
+                        "again, or, where that refuses, a base backup of the primary.  The node must then "
+                        "stream and hold the primary's rows.  Drawn as a third of the rejoins drawn"),
     "partition": (1, "a standby's link cut for the moment (connections reset, reconnects refused), then healed"),
     "restart": (1, "a clean restart of a node (pg_ctl -m fast)"),
     "uw": (1, "stream_unflushed_wal set on every node (written or off)"),
@@ -92,8 +92,9 @@ FAILOVERS = ("failover", "failover-both", "held-failover-both", "paused-failover
 ONE_WAY_MS = (1100, 2500)
 # how long a paused-failover's old primary runs as a zombie before its fence
 ZOMBIE_S = 0.5
-# how long pg_rewind runs before its host loses power
-REWIND_CUT_MS = (0, 400)
+# how long pg_rewind runs before its host loses power (it takes about
+# 0.3-0.5 s here: some cuts fall after its end, before the node started)
+REWIND_CUT_MS = (0, 600)
 # the steps that are faults (a history of N faults counts these)
 FAULTS = CRASHES + ("partition", "pause", "io-stall", "disk-full", "rewind-power")
 # the processes kill-proc draws from, by role
