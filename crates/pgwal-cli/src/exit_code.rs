@@ -57,6 +57,7 @@ fn class(e: &(dyn StdError + 'static)) -> u8 {
                 _ => UNWRITABLE,
             },
             SinkError::Avro(_) => UNWRITABLE,
+            SinkError::TwoPhaseSlot { .. } => SLOT,
             _ => 1,
         };
     }
@@ -109,6 +110,8 @@ mod tests {
         assert_eq!(class(missing.as_ref()), CONFIG);
         let sink: Box<dyn StdError> = Box::new(SinkError::TwoPhase);
         assert_eq!(class(sink.as_ref()), CONFIG);
+        let slot: Box<dyn StdError> = Box::new(SinkError::TwoPhaseSlot { slot: "s".into() });
+        assert_eq!(class(slot.as_ref()), SLOT);
         let io: Box<dyn StdError> = Box::new(std::io::Error::other("pipe"));
         assert_eq!(class(io.as_ref()), 1);
         let refused: Box<dyn StdError> = Box::new(pgwal::Error::Io(std::io::Error::from(

@@ -903,6 +903,70 @@ fn kafka_sink_heartbeat_lets_the_slot_move_on_a_quiet_publication() {
     );
 }
 
+/// A slot that is itself two-phase decodes prepared transactions at
+/// PREPARE whatever the stream asks for (PostgreSQL's
+/// `CreateDecodingContext`). The sink once dropped such a transaction's
+/// changes silently and acknowledged past it: with one row, a prepared and
+/// committed transaction of 50 rows and one more row, Kafka held 2 records
+/// and the slot had moved past all 52. It must refuse the slot at the start
+/// (exit 3), before anything is written or acknowledged.
+#[test]
+fn kafka_sink_refuses_a_two_phase_slot() {
+    if !broker::have_java() {
+        eprintln!("NOTICE: no java; the Kafka two-phase slot test is skipped");
+        return;
+    }
+    let Some((label, bin)) = support::servers().into_iter().last() else {
+        panic!("no server");
+    };
+    let _one = one_broker();
+    let b = Broker::start(label);
+    let kafka = broker::sink_args(&b.addr, &[]);
+    let c = Cluster::start(
+        label,
+        &bin,
+        Options {
+            conf: vec!["max_prepared_transactions = 2".into()],
+            ..Options::default()
+        },
+    );
+    if c.major < 14 {
+        eprintln!("NOTICE: {label} has no two-phase slots; the test is skipped");
+        return;
+    }
+    c.psql(SETUP);
+    block_on(async {
+        let mut rc = ReplicationClient::connect(&config(&c, "postgres"))
+            .await
+            .unwrap();
+        rc.create_logical_slot("kslot", &CreateSlotOptions::new().two_phase(true))
+            .await
+            .unwrap();
+    });
+    let logs = fresh_log_dir(label, "two-phase-slot");
+    let before = kslot_position(&c);
+    c.psql("INSERT INTO scratch VALUES (1, 1)");
+    c.psql(
+        "BEGIN; INSERT INTO scratch SELECT g, g FROM generate_series(100, 149) g; \
+         PREPARE TRANSACTION 'fifty'",
+    );
+    c.psql("COMMIT PREPARED 'fifty'");
+    c.psql("INSERT INTO scratch VALUES (2, 2)");
+    let end: Lsn = c.insert_lsn();
+    let (code, log) = start_sink(&c, &kafka, &logs, 0, &["--stop-lsn", &end.to_string()])
+        .wait_code(Duration::from_secs(120));
+    assert_eq!(code, Some(3), "pgwal did not refuse the two-phase slot:\n{log}");
+    assert!(
+        log.contains("decodes prepared transactions at PREPARE"),
+        "the refusal does not say why:\n{log}"
+    );
+    let scratch = read_all(&b.addr, &[&topic("scratch")], "read_committed");
+    assert!(scratch.is_empty(), "Kafka holds {} records:\n{log}", scratch.len());
+    assert_eq!(kslot_position(&c), before, "the slot moved:\n{log}");
+    let _ = std::fs::remove_dir_all(&logs);
+    eprintln!("{label}: the two-phase slot was refused, nothing written or acknowledged");
+}
+
 /// pgwal reaches the broker over TLS (a client certificate), SASL_SSL with
 /// SCRAM-SHA-256, SCRAM-SHA-512, PLAIN and OAUTHBEARER (librdkafka's
 /// unsecured JWT), with zstd and lz4 compression; each run writes the next

@@ -241,6 +241,25 @@ pub enum SinkError {
     /// The stream asks for two-phase decoding (see the module docs).
     #[error("the Kafka sink needs a stream without two-phase decoding: a transaction decoded at PREPARE may still roll back")]
     TwoPhase,
+    /// The slot itself is two-phase (created with two-phase decoding, or
+    /// streamed with it once): PostgreSQL then decodes prepared
+    /// transactions at PREPARE whatever the stream asks for, and sends
+    /// their changes before their outcome is known.
+    #[error("slot {slot:?} decodes prepared transactions at PREPARE (it was created, or once streamed, with two-phase decoding), and the Kafka sink writes only committed transactions; nothing was written or acknowledged. Use a slot created without --two-phase")]
+    TwoPhaseSlot {
+        /// The slot's name.
+        slot: String,
+    },
+    /// A row change or a prepared transaction's message where the sink had
+    /// no transaction open for it: writing it would put it in no
+    /// transaction, and leaving it out would acknowledge past it.
+    #[error("{what} at {lsn} outside a transaction the sink had opened; nothing from it on was written or acknowledged")]
+    Unexpected {
+        /// What arrived.
+        what: &'static str,
+        /// Its position.
+        lsn: Lsn,
+    },
 }
 
 /// What the sink did.
@@ -319,6 +338,13 @@ pub async fn run(
     let (system_id, major) = {
         let mut c = ReplicationClient::connect(&pg).await?;
         let major = c.server_major_version().unwrap_or(0);
+        // a slot that is two-phase decodes at PREPARE even when the stream
+        // does not ask for it (PostgreSQL's CreateDecodingContext)
+        if c.slot_two_phase(&stream.slot).await? == Some(true) {
+            return Err(SinkError::TwoPhaseSlot {
+                slot: stream.slot.clone(),
+            });
+        }
         (c.identify_system().await?.system_id, major)
     };
     if sink.initial_snapshot && major < 14 {
@@ -416,6 +442,8 @@ impl From<std::io::Error> for Failure {
 struct Session<'a> {
     sink: &'a SinkConfig,
     stats: &'a mut SinkStats,
+    /// The slot's name, for errors.
+    slot: String,
     /// Kafka holds every transaction whose commit record is before this.
     written: Lsn,
     /// The last complete PostgreSQL transaction in the open Kafka one.
@@ -495,6 +523,7 @@ impl<'a> Session<'a> {
         Session {
             sink,
             stats,
+            slot: String::new(),
             written: Lsn(0),
             pending_end: None,
             batch_bytes: 0,
@@ -860,6 +889,7 @@ impl<'a> Session<'a> {
     ) -> Result<(), Failure> {
         self.pg = Some(pg.clone());
         self.lookup_timeout = stream_cfg.receive_timeout;
+        self.slot.clone_from(&stream_cfg.slot);
         // a stop before streaming began leaves nothing to finish
         let mut producer = tokio::select! {
             p = KafkaProducer::connect(pcfg.clone()) => p.map_err(|e| self.kafka(e))?,
@@ -1182,8 +1212,18 @@ impl<'a> Session<'a> {
                     self.signal(&m.content, m.lsn);
                 }
             }
+            // checked at the start: a slot made two-phase since
+            Event::BeginPrepare(_)
+            | Event::Prepare(_)
+            | Event::StreamPrepare(_)
+            | Event::CommitPrepared(_)
+            | Event::RollbackPrepared(_) => {
+                return Err(Failure::Other(SinkError::TwoPhaseSlot {
+                    slot: self.slot.clone(),
+                }));
+            }
             // relations are in the stream's cache; messages and origins are
-            // not written; prepares do not come without two-phase decoding
+            // not written
             _ => {}
         }
         Ok(())
@@ -1247,7 +1287,15 @@ impl<'a> Session<'a> {
             return Ok(());
         }
         let Some(tx) = self.current else {
-            return Ok(());
+            let lsn = match event {
+                Event::Insert(c) | Event::Update(c) | Event::Delete(c) => c.lsn,
+                Event::Truncate(t) => t.lsn,
+                _ => Lsn(0),
+            };
+            return Err(Failure::Other(SinkError::Unexpected {
+                what: "a row change",
+                lsn,
+            }));
         };
         if let Some(chunk) = self.chunk.as_mut() {
             in_window(chunk, event, &self.keys);

@@ -511,6 +511,24 @@ impl ReplicationClient {
         }))
     }
 
+    /// Whether the slot decodes prepared transactions at PREPARE (its
+    /// `two_phase`), via SQL: `None` if no such slot, `Some(false)` before
+    /// PostgreSQL 14, which has no two-phase slots.
+    pub async fn slot_two_phase(&mut self, name: &str) -> Result<Option<bool>> {
+        let column = if self.server_major_version().unwrap_or(10) >= 14 {
+            "two_phase"
+        } else {
+            "false"
+        };
+        let rows = self
+            .simple_query(&format!(
+                "SELECT {column} FROM pg_catalog.pg_replication_slots WHERE slot_name = {}",
+                quote_literal(name)
+            ))
+            .await?;
+        Ok(rows.first().map(|r| r.get_index(0) == Some("t")))
+    }
+
     /// The slot's `confirmed_flush_lsn`, via SQL (`None` if no such slot).
     pub async fn slot_confirmed_flush(&mut self, name: &str) -> Result<Option<Lsn>> {
         let rows = self
