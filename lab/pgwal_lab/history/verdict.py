@@ -26,9 +26,10 @@ primary's lineage that a live node or the archive holds has the primary's
 bytes (timelines are compared by content, not by number).
 Archive: no name in the shared archive was offered with two different byte
 strings (archive/conflicts is empty), no segment of an old timeline across
-a crash switch is archived under its full name, and every archived segment that the
-primary holds complete is byte for byte the primary's: the archive never
-holds WAL the primary lost.
+a crash switch is archived under its full name (unless the record the crash
+cut had finished it: cluster._finished_by_the_cut_record), and every
+archived segment that the primary holds complete is byte for byte the
+primary's: the archive never holds WAL the primary lost.
 Logs: no node logged a TRAP, a PANIC, a process killed by a signal or a
 crash-restart cycle since the last step (logscan.py); the explorer's faults
 cause none of them.
