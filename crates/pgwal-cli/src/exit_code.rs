@@ -9,7 +9,7 @@
 //! | 2 | usage or configuration: the options or config file, the connection string, authentication (PostgreSQL or Kafka) or a setting refused | no |
 //! | 3 | the slot cannot be used as asked: missing, invalidated, ahead of what the consumer holds, or not the slot a state file belongs to | no |
 //! | 4 | retries exhausted: PostgreSQL or Kafka stayed unusable longer than pgwal retries | yes |
-//! | 5 | a change that cannot be written faithfully (e.g. an unchanged TOAST value in the Kafka sink) | no |
+//! | 5 | a change that cannot be written faithfully (e.g. an unchanged TOAST value in the Kafka sink), or a transaction that takes longer to write than Kafka's transaction timeout | no |
 
 use std::error::Error as StdError;
 use std::process::ExitCode;
@@ -45,7 +45,9 @@ fn class(e: &(dyn StdError + 'static)) -> u8 {
             | SinkError::SnapshotUnsupported { .. } => CONFIG,
             SinkError::Snapshot(SnapshotError::Postgres(e)) => postgres(e),
             SinkError::Kafka { .. } | SinkError::KafkaNeverConnected { .. } => RETRIES,
-            SinkError::Format(_) | SinkError::BadRecord { .. } => UNWRITABLE,
+            SinkError::Format(_)
+            | SinkError::BadRecord { .. }
+            | SinkError::TransactionTooLong { .. } => UNWRITABLE,
             SinkError::AvroNeedsConnectSchemas => CONFIG,
             SinkError::Avro(ConvertError::Registry(e)) => match e {
                 RegistryError::Unreachable { .. } => RETRIES,

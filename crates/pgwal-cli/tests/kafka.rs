@@ -967,6 +967,71 @@ fn kafka_sink_refuses_a_two_phase_slot() {
     eprintln!("{label}: the two-phase slot was refused, nothing written or acknowledged");
 }
 
+/// A PostgreSQL transaction is never split over Kafka transactions, so one
+/// that takes longer to write than `transaction.timeout.ms` cannot commit:
+/// the broker aborts it, and the sink used to write it again and again
+/// while the slot held its WAL. With the timeout at 5 s and a transaction
+/// of 400,000 rows, the sink must stop with a permanent error (exit 5) that
+/// says so, after the row before it is in Kafka, and leave the slot before
+/// the big transaction.
+#[test]
+fn kafka_sink_stops_on_a_transaction_longer_than_the_kafka_timeout() {
+    if !broker::have_java() {
+        eprintln!("NOTICE: no java; the Kafka transaction timeout test is skipped");
+        return;
+    }
+    let Some((label, bin)) = support::servers().into_iter().last() else {
+        panic!("no server");
+    };
+    let _one = one_broker();
+    let b = Broker::start(label);
+    // librdkafka wants socket.timeout.ms at most transaction.timeout.ms + 100
+    let kafka = broker::sink_args(
+        &b.addr,
+        &[
+            ("transaction.timeout.ms".to_owned(), "5000".to_owned()),
+            ("socket.timeout.ms".to_owned(), "5000".to_owned()),
+        ],
+    );
+    let (c, logs) = cluster_with_kslot(label, &bin, "transaction-timeout");
+    c.psql("INSERT INTO scratch VALUES (1, 1)");
+    let before_big: Lsn = c.insert_lsn();
+    c.psql("INSERT INTO bulk SELECT g, 1 FROM generate_series(1, 400000) g");
+    let end: Lsn = c.insert_lsn();
+    let t0 = Instant::now();
+    let (code, log) = start_sink(&c, &kafka, &logs, 0, &["--stop-lsn", &end.to_string()])
+        .wait_code(Duration::from_secs(300));
+    assert_eq!(
+        code,
+        Some(5),
+        "pgwal did not stop on the transaction too long for Kafka:\n{log}"
+    );
+    assert!(
+        log.contains("past 80% of transaction.timeout.ms"),
+        "the error does not say why:\n{log}"
+    );
+    let scratch = read_all(&b.addr, &[&topic("scratch")], "read_committed");
+    assert_eq!(scratch.len(), 1, "the row before it is not in Kafka once:\n{log}");
+    let bulk = read_all(&b.addr, &[&topic("bulk")], "read_committed");
+    assert!(bulk.is_empty(), "Kafka holds {} of its rows:\n{log}", bulk.len());
+    // the slot may pass the transaction's first records (a transaction
+    // that commits later is decoded again), never its commit
+    let slot = kslot_position(&c);
+    assert!(
+        slot < end,
+        "the slot ({slot}) moved past the big transaction's commit (before {end}):\n{log}"
+    );
+    assert!(
+        kafka_progress(&b.addr).is_some_and(|p| p >= before_big && p < end),
+        "Kafka's progress is not the first row's:\n{log}"
+    );
+    let _ = std::fs::remove_dir_all(&logs);
+    eprintln!(
+        "{label}: stopped after {:.1} s with the transaction too long for Kafka's 5 s",
+        t0.elapsed().as_secs_f64()
+    );
+}
+
 /// pgwal reaches the broker over TLS (a client certificate), SASL_SSL with
 /// SCRAM-SHA-256, SCRAM-SHA-512, PLAIN and OAUTHBEARER (librdkafka's
 /// unsecured JWT), with zstd and lz4 compression; each run writes the next

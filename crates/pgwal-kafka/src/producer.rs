@@ -123,6 +123,10 @@ pub struct KafkaProducer {
     context: Context,
     config: ProducerConfig,
     open: bool,
+    /// When the open Kafka transaction began.
+    opened_at: Option<std::time::Instant>,
+    /// `transaction.timeout.ms`: the broker aborts a transaction open longer.
+    transaction_timeout: Duration,
     queue_full_waits: u64,
 }
 
@@ -149,6 +153,11 @@ impl KafkaProducer {
         for (k, v) in &config.client_options {
             cc.set(k, v);
         }
+        let transaction_timeout = Duration::from_millis(
+            cc.get("transaction.timeout.ms")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(300_000),
+        );
         cc.set("transactional.id", &config.transactional_id)
             .set("enable.idempotence", "true");
         let context = Context::default();
@@ -176,6 +185,8 @@ impl KafkaProducer {
             context,
             config,
             open: false,
+            opened_at: None,
+            transaction_timeout,
             queue_full_waits: 0,
         })
     }
@@ -205,6 +216,7 @@ impl KafkaProducer {
             let p = self.producer.clone();
             blocking(move || p.begin_transaction()).await?;
             self.open = true;
+            self.opened_at = Some(std::time::Instant::now());
         }
         let mut rec = BaseRecord::<Vec<u8>, Vec<u8>>::to(&r.topic);
         if let Some(k) = &r.key {
@@ -229,6 +241,17 @@ impl KafkaProducer {
                 Err((e, _)) => return Err(e.into()),
             }
         }
+    }
+
+    /// How long the open Kafka transaction has been open (`None`: none is).
+    pub fn open_for(&self) -> Option<Duration> {
+        self.opened_at.filter(|_| self.open).map(|t| t.elapsed())
+    }
+
+    /// `transaction.timeout.ms`: a Kafka transaction open longer is aborted
+    /// by the broker's transaction coordinator and can never commit.
+    pub fn transaction_timeout(&self) -> Duration {
+        self.transaction_timeout
     }
 
     /// Aborts the open Kafka transaction, if any: none of its records

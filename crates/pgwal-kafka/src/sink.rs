@@ -250,6 +250,25 @@ pub enum SinkError {
         /// The slot's name.
         slot: String,
     },
+    /// The open Kafka transaction has been open for most of
+    /// `transaction.timeout.ms`: the broker's coordinator would abort it,
+    /// and the same PostgreSQL transaction would be written again and
+    /// again. A PostgreSQL transaction is never split over Kafka
+    /// transactions, so one that takes longer to write than the timeout
+    /// cannot be written. Nothing of it was committed or acknowledged.
+    #[error("the Kafka transaction writing PostgreSQL transaction {xid} has been open for {:.1?}, past 80% of transaction.timeout.ms ({:.0?}), after {records} records ({bytes} bytes); the broker would abort it, and it would be written again and again. Raise transaction.timeout.ms (--kafka-option transaction.timeout.ms=MS, at most the brokers' transaction.max.timeout.ms, 15 min by default); nothing of it was committed or acknowledged", .open, .timeout, xid = .xid.map_or("(unknown)".to_owned(), |x| x.to_string()))]
+    TransactionTooLong {
+        /// The PostgreSQL transaction being written, where known.
+        xid: Option<u32>,
+        /// How long the Kafka transaction had been open.
+        open: Duration,
+        /// `transaction.timeout.ms`.
+        timeout: Duration,
+        /// Records in the Kafka transaction so far.
+        records: u64,
+        /// Their key and value bytes.
+        bytes: usize,
+    },
     /// A row change or a prepared transaction's message where the sink had
     /// no transaction open for it: writing it would put it in no
     /// transaction, and leaving it out would acknowledge past it.
@@ -452,6 +471,11 @@ struct Session<'a> {
     /// complete PostgreSQL transaction ended.
     batch_bytes: usize,
     batch_since: Option<tokio::time::Instant>,
+    /// Records in the open Kafka transaction.
+    batch_records: u64,
+    /// The PostgreSQL transaction whose records are being written, for
+    /// errors.
+    writing_xid: Option<u32>,
     /// The non-streamed transaction being read, unless it is skipped.
     current: Option<TxInfo>,
     /// Changes of streamed transactions that cannot be written, under
@@ -528,6 +552,8 @@ impl<'a> Session<'a> {
             pending_end: None,
             batch_bytes: 0,
             batch_since: None,
+            batch_records: 0,
+            writing_xid: None,
             current: None,
             failed_streamed: HashMap::new(),
             order: TxOrder::new(),
@@ -1045,6 +1071,7 @@ impl<'a> Session<'a> {
                 self.current_rows = WrittenRows::default();
                 self.skip_current = b.final_lsn < self.written;
                 self.current = Some(TxInfo::new(b.xid, b.final_lsn, b.commit_time));
+                self.writing_xid = Some(b.xid);
                 self.order = TxOrder::new();
             }
             Event::Insert(c) | Event::Update(c) | Event::Delete(c) => {
@@ -1104,6 +1131,7 @@ impl<'a> Session<'a> {
                 }
             }
             Event::StreamCommit(c) => {
+                self.writing_xid = Some(c.xid);
                 if let Some((_, e)) = self
                     .failed_streamed
                     .remove(&c.xid)
@@ -1181,6 +1209,7 @@ impl<'a> Session<'a> {
                 producer.abort().await.map_err(|e| self.kafka(e))?;
                 self.pending_end = None;
                 self.batch_bytes = 0;
+                self.batch_records = 0;
                 self.batch_since = None;
                 self.current = None;
                 self.skip_current = false;
@@ -1426,8 +1455,21 @@ impl<'a> Session<'a> {
             }
             return Ok(());
         }
+        if let Some(open) = producer.open_for() {
+            let timeout = producer.transaction_timeout();
+            if open > timeout * 4 / 5 {
+                return Err(Failure::Other(SinkError::TransactionTooLong {
+                    xid: self.writing_xid,
+                    open,
+                    timeout,
+                    records: self.batch_records,
+                    bytes: self.batch_bytes,
+                }));
+            }
+        }
         producer.send(r).await.map_err(|e| self.kafka(e))?;
         self.batch_bytes += n;
+        self.batch_records += 1;
         Ok(())
     }
 
@@ -1529,6 +1571,7 @@ impl<'a> Session<'a> {
         self.committing = Some((Box::pin(c), end));
         self.commit_started = Some((Instant::now(), self.tx_commit_time));
         self.batch_bytes = 0;
+        self.batch_records = 0;
         self.batch_since = None;
         Ok(())
     }
