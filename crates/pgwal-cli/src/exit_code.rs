@@ -41,6 +41,7 @@ fn class(e: &(dyn StdError + 'static)) -> u8 {
         return match e {
             SinkError::Postgres(e) => postgres(e),
             SinkError::KafkaRefused(_)
+            | SinkError::KafkaOptions { .. }
             | SinkError::TwoPhase
             | SinkError::SnapshotUnsupported { .. } => CONFIG,
             SinkError::Snapshot(SnapshotError::Postgres(e)) => postgres(e),

@@ -955,16 +955,57 @@ fn kafka_sink_refuses_a_two_phase_slot() {
     let end: Lsn = c.insert_lsn();
     let (code, log) = start_sink(&c, &kafka, &logs, 0, &["--stop-lsn", &end.to_string()])
         .wait_code(Duration::from_secs(120));
-    assert_eq!(code, Some(3), "pgwal did not refuse the two-phase slot:\n{log}");
+    assert_eq!(
+        code,
+        Some(3),
+        "pgwal did not refuse the two-phase slot:\n{log}"
+    );
     assert!(
         log.contains("decodes prepared transactions at PREPARE"),
         "the refusal does not say why:\n{log}"
     );
     let scratch = read_all(&b.addr, &[&topic("scratch")], "read_committed");
-    assert!(scratch.is_empty(), "Kafka holds {} records:\n{log}", scratch.len());
+    assert!(
+        scratch.is_empty(),
+        "Kafka holds {} records:\n{log}",
+        scratch.len()
+    );
     assert_eq!(kslot_position(&c), before, "the slot moved:\n{log}");
     let _ = std::fs::remove_dir_all(&logs);
     eprintln!("{label}: the two-phase slot was refused, nothing written or acknowledged");
+}
+
+/// Kafka options that librdkafka refuses together (here a socket timeout
+/// above the transaction timeout) are a configuration error: pgwal exits 2
+/// at once, naming librdkafka's reason, where it used to retry the client's
+/// creation until `--kafka-retry-secs` ran out. No broker is needed: the
+/// client is refused before it connects.
+#[test]
+fn kafka_sink_refuses_contradicting_kafka_options() {
+    let Some((label, bin)) = support::servers().into_iter().last() else {
+        panic!("no server");
+    };
+    let (c, logs) = cluster_with_kslot(label, &bin, "kafka-options");
+    let kafka = broker::sink_args(
+        "127.0.0.1:1",
+        &[
+            ("transaction.timeout.ms".to_owned(), "5000".to_owned()),
+            ("socket.timeout.ms".to_owned(), "60000".to_owned()),
+        ],
+    );
+    let t0 = Instant::now();
+    let (code, log) = start_sink(&c, &kafka, &logs, 0, &[]).wait_code(Duration::from_secs(60));
+    assert_eq!(code, Some(2), "pgwal did not refuse the options:\n{log}");
+    assert!(
+        log.contains("refused its configuration") && log.contains("socket.timeout.ms"),
+        "the error does not say why:\n{log}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(30),
+        "it took {:?}",
+        t0.elapsed()
+    );
+    let _ = std::fs::remove_dir_all(&logs);
 }
 
 /// A PostgreSQL transaction is never split over Kafka transactions, so one
@@ -1011,9 +1052,17 @@ fn kafka_sink_stops_on_a_transaction_longer_than_the_kafka_timeout() {
         "the error does not say why:\n{log}"
     );
     let scratch = read_all(&b.addr, &[&topic("scratch")], "read_committed");
-    assert_eq!(scratch.len(), 1, "the row before it is not in Kafka once:\n{log}");
+    assert_eq!(
+        scratch.len(),
+        1,
+        "the row before it is not in Kafka once:\n{log}"
+    );
     let bulk = read_all(&b.addr, &[&topic("bulk")], "read_committed");
-    assert!(bulk.is_empty(), "Kafka holds {} of its rows:\n{log}", bulk.len());
+    assert!(
+        bulk.is_empty(),
+        "Kafka holds {} of its rows:\n{log}",
+        bulk.len()
+    );
     // the slot may pass the transaction's first records (a transaction
     // that commits later is decoded again), never its commit
     let slot = kslot_position(&c);

@@ -48,6 +48,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use pgwal::{Config, Event, LogicalStream, Lsn, ReplicationClient, StreamConfig};
 use pgwal_protocol::PgTimestamp;
+use rdkafka::error::KafkaError;
 
 use crate::avro_converter::{AvroConverter, ConvertError};
 use crate::bad_records::{self, BadRecordPolicy, BadRecordReason};
@@ -238,6 +239,14 @@ pub enum SinkError {
         "Avro needs the Debezium format with its Kafka Connect schemas (--kafka-format debezium)"
     )]
     AvroNeedsConnectSchemas,
+    /// The Kafka client refused its configuration (`--kafka-option`s that
+    /// contradict each other or the sink's own settings). Nothing was
+    /// written or acknowledged.
+    #[error("the Kafka client refused its configuration: {reason} (check the --kafka-option values; nothing was written or acknowledged)")]
+    KafkaOptions {
+        /// librdkafka's reason.
+        reason: String,
+    },
     /// The stream asks for two-phase decoding (see the module docs).
     #[error("the Kafka sink needs a stream without two-phase decoding: a transaction decoded at PREPARE may still roll back")]
     TwoPhase,
@@ -403,6 +412,11 @@ pub async fn run(
             Ok(()) => return Ok(stats),
             Err(Failure::Kafka(e @ ProducerError::Refused { .. }, _)) if !ever_connected => {
                 return Err(SinkError::KafkaRefused(e))
+            }
+            // librdkafka refused the client configuration itself (options
+            // that contradict each other): every retry would too
+            Err(Failure::Kafka(ProducerError::Kafka(KafkaError::ClientCreation(reason)), _)) => {
+                return Err(SinkError::KafkaOptions { reason })
             }
             Err(Failure::Kafka(e, progressed)) => {
                 if progressed {
