@@ -44,7 +44,16 @@ async fn with_timeout<T>(
 }
 
 async fn tcp(config: &Config) -> Result<TcpStream> {
-    let s = with_timeout(config, TcpStream::connect((config.tcp_host(), config.port))).await?;
+    let s = with_timeout(config, TcpStream::connect((config.tcp_host(), config.port)))
+        .await
+        .map_err(|e| match e {
+            // which server refused or did not answer, as libpq says
+            Error::Io(io) => Error::Io(std::io::Error::new(
+                io.kind(),
+                format!("{}:{}: {io}", config.tcp_host(), config.port),
+            )),
+            e => e,
+        })?;
     s.set_nodelay(true)?;
     keepalives(config, &s)?;
     Ok(s)
@@ -173,5 +182,24 @@ pub(crate) async fn connect(config: &Config) -> Result<Transport> {
             context: "SSL negotiation",
             tag,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_refused_connection_names_the_host_and_port() {
+        // port 1 on loopback: nothing listens there
+        let config: Config = "host=127.0.0.1 port=1 user=u dbname=d".parse().unwrap();
+        let err = match connect(&config).await {
+            Err(e) => e,
+            Ok(_) => panic!("something listens on 127.0.0.1:1"),
+        };
+        assert!(matches!(err, Error::Io(_)), "{err:?}");
+        assert!(err.is_transient());
+        let text = err.to_string();
+        assert!(text.contains("127.0.0.1:1: "), "{text}");
     }
 }
