@@ -407,6 +407,17 @@ def drop_garbled_lock_file(node) -> None:
         p.unlink(missing_ok=True)
 
 
+def _runs_on(pid: int, datadir: Path) -> bool:
+    """A live pg_rewind or postgres whose command line names `datadir`."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    if not cmd or not cmd[0].endswith((b"pg_rewind", b"postgres")):
+        return False
+    return str(datadir).encode() in cmd and _alive(pid)
+
+
 def rewind_cut(node, source, moment_ms: int) -> dict:
     """Start pg_rewind of a crashed former primary against `source` and cut
     it `moment_ms` later with a power loss of the node's host: every process
@@ -434,6 +445,13 @@ def rewind_cut(node, source, moment_ms: int) -> dict:
     rest = [x for x in group if x != p.pid]
     wait_for(lambda: _reap(rest) or not any(_exists(x) for x in rest), 30,
              f"{node.name}'s pg_rewind processes to die and be reaped", interval=0.005)
+    # nothing of the run may outlive the cut (a process that left the
+    # group would write on after the power loss)
+    left = [x for x in working_in(node.datadir) if _alive(x)] + \
+        [int(d) for d in os.listdir("/proc") if d.isdigit() and _runs_on(int(d), node.datadir)]
+    if left:
+        signal_all(left, signal.SIGKILL)
+        raise LabError(f"{node.name}: processes {sorted(set(left))} of its pg_rewind outlived the power loss")
     out = (p.stdout.read() if p.stdout else "").strip().splitlines()
     undo = power.undo(volatile_dir(node), [node.datadir]).asdict()
     power.prepare(volatile_dir(node))
