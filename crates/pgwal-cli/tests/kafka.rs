@@ -975,6 +975,63 @@ fn kafka_sink_refuses_a_two_phase_slot() {
     eprintln!("{label}: the two-phase slot was refused, nothing written or acknowledged");
 }
 
+/// A progress record of this stream that is not a position (written by
+/// hand, or by another program on the same key) cannot be read by any
+/// retry: the sink must stop at once with a permanent error (exit 3) that
+/// names the topic, key and offset, writing and acknowledging nothing. It
+/// used to retry the read until `--kafka-retry-secs` ran out.
+#[test]
+fn kafka_sink_stops_on_a_progress_record_that_is_not_a_position() {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    if !broker::have_java() {
+        eprintln!("NOTICE: no java; the Kafka bad progress test is skipped");
+        return;
+    }
+    let Some((label, bin)) = support::servers().into_iter().last() else {
+        panic!("no server");
+    };
+    let _one = one_broker();
+    let b = Broker::start(label);
+    let kafka = broker::sink_args(&b.addr, &[]);
+    let (c, logs) = cluster_with_kslot(label, &bin, "bad-progress");
+    let sysid = c.query("SELECT system_identifier FROM pg_control_system()");
+    let key = pgwal_kafka::progress::key(sysid.trim(), "kslot");
+    let p: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &b.addr)
+        .create()
+        .unwrap();
+    p.send(BaseRecord::to(PROGRESS).key(&key).payload("not a position"))
+        .map_err(|(e, _)| e)
+        .unwrap();
+    p.flush(Duration::from_secs(30)).unwrap();
+    c.psql("INSERT INTO scratch VALUES (1, 1)");
+    let before = kslot_position(&c);
+    let t0 = Instant::now();
+    let (code, log) = start_sink(&c, &kafka, &logs, 0, &[]).wait_code(Duration::from_secs(120));
+    assert_eq!(
+        code,
+        Some(3),
+        "pgwal did not stop on the bad record:\n{log}"
+    );
+    assert!(
+        log.contains("is not a position") && log.contains(&key),
+        "the error does not say why:\n{log}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(60),
+        "it took {:?}",
+        t0.elapsed()
+    );
+    let scratch = read_all(&b.addr, &[&topic("scratch")], "read_committed");
+    assert!(
+        scratch.is_empty(),
+        "Kafka holds {} records:\n{log}",
+        scratch.len()
+    );
+    assert_eq!(kslot_position(&c), before, "the slot moved:\n{log}");
+    let _ = std::fs::remove_dir_all(&logs);
+}
+
 /// Kafka options that librdkafka refuses together (here a socket timeout
 /// above the transaction timeout) are a configuration error: pgwal exits 2
 /// at once, naming librdkafka's reason, where it used to retry the client's

@@ -239,6 +239,10 @@ pub enum SinkError {
         "Avro needs the Debezium format with its Kafka Connect schemas (--kafka-format debezium)"
     )]
     AvroNeedsConnectSchemas,
+    /// This stream's record in the progress topic is not a position: what
+    /// Kafka holds is unknown, and every retry would read the same record.
+    #[error("{0}: what Kafka holds of this stream is unknown, so nothing was written or acknowledged. Write a valid record for the key, or delete it with a tombstone (the sink then starts at the slot's position and may write again what Kafka already holds)")]
+    BadProgress(ProducerError),
     /// The Kafka client refused its configuration (`--kafka-option`s that
     /// contradict each other or the sink's own settings). Nothing was
     /// written or acknowledged.
@@ -412,6 +416,9 @@ pub async fn run(
             Ok(()) => return Ok(stats),
             Err(Failure::Kafka(e @ ProducerError::Refused { .. }, _)) if !ever_connected => {
                 return Err(SinkError::KafkaRefused(e))
+            }
+            Err(Failure::Kafka(e @ ProducerError::BadProgress { .. }, _)) => {
+                return Err(SinkError::BadProgress(e))
             }
             // librdkafka refused the client configuration itself (options
             // that contradict each other): every retry would too
