@@ -45,7 +45,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
+use futures_util::future::FusedFuture;
+use futures_util::{FutureExt, StreamExt};
 use pgwal::{Config, Event, LogicalStream, Lsn, ReplicationClient, StreamConfig};
 use pgwal_protocol::PgTimestamp;
 use rdkafka::error::KafkaError;
@@ -398,6 +399,9 @@ pub async fn run(
     let mut stats = SinkStats::default();
     let mut failing_since: Option<Instant> = None;
     let mut backoff = Duration::from_millis(200);
+    // fused: a stop that came while a session failed is seen as done, not
+    // polled again by the next session
+    let stop = stop.fuse();
     tokio::pin!(stop);
     // A refusal before the first connection is a configuration error; one
     // after pgwal got through once (a certificate rotated, a broker
@@ -426,6 +430,13 @@ pub async fn run(
                 return Err(SinkError::KafkaOptions { reason })
             }
             Err(Failure::Kafka(e, progressed)) => {
+                if stop.is_terminated() {
+                    // stopped while the last Kafka commit failed: nothing
+                    // after Kafka's position was acknowledged, so what it
+                    // held comes again at the next start
+                    tracing::warn!(error = %e, "stopped while Kafka failed; what was not committed comes again at the next start");
+                    return Ok(stats);
+                }
                 if progressed {
                     failing_since = None;
                     backoff = Duration::from_millis(200);
