@@ -122,22 +122,25 @@ def _reap(pids) -> None:
                 pass
 
 
-def _pgrp(pid: int) -> int | None:
-    """The process group of `pid`, or None once it is gone."""
+def _stat_field(pid: int, index: int) -> int | None:
+    """Field `index` after the command of /proc/PID/stat (1: the parent, 2:
+    the process group), or None once the process is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return int(stat[stat.rfind(")") + 2:].split()[2])
+    # the command may contain spaces and parentheses: fields follow the last ')'
+    return int(stat[stat.rfind(")") + 2:].split()[index])
+
+
+def _pgrp(pid: int) -> int | None:
+    """The process group of `pid`, or None once it is gone."""
+    return _stat_field(pid, 2)
 
 
 def _parent(pid: int) -> int | None:
     """The parent of `pid` (zombies included), or None once it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat[stat.rfind(")") + 2:].split()[1])
+    return _stat_field(pid, 1)
 
 
 def signal_all(pids, sig) -> None:

@@ -458,12 +458,16 @@ class HistoryCluster:
         """A former primary rewound against the primary and started as its standby."""
         node = self.node(name)
         out = self.rewind(node, self.primary)
+        self._start_rejoined(node)
+        return out
+
+    def _start_rejoined(self, node) -> None:
+        """A former primary, made a standby of the primary, started as one."""
         self.relink(node, self.primary)
         faults.arm(node)
-        self.down.remove(name)
+        self.down.remove(node.name)
         node.start()
         self.refresh_sync_names()
-        return out
 
     def rejoin_cut(self, name: str, moment_ms: int) -> dict:
         """A rejoin whose pg_rewind loses power `moment_ms` after it started
@@ -487,11 +491,7 @@ class HistoryCluster:
             rec["second_rewind_refused"] = str(e)[-600:]
             rec["after_cut"] = "base backup of the primary"
             self._base_backup(node, self.primary, "stream")
-        self.relink(node, self.primary)
-        faults.arm(node)
-        self.down.remove(name)
-        node.start()
-        self.refresh_sync_names()
+        self._start_rejoined(node)
         return rec
 
     def rebuild(self, node, source, wal_method: str) -> None:
