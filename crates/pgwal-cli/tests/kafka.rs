@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use broker::{read_all, Broker, Consumed};
+use broker::{read_all, Broker, Consumed, KafkaCluster};
 use futures_util::StreamExt;
 use pgwal::{CreateSlotOptions, Event, LogicalStream, Lsn, ReplicationClient, StreamConfig};
 use pgwal_kafka::keys::primary_key_query;
@@ -638,7 +638,18 @@ struct Load {
 }
 
 impl Load {
+    /// At most 10 rounds a second, up to 2000 rounds or 10 minutes.
     fn start(c: &Cluster) -> Load {
+        Load::start_paced(
+            c,
+            Duration::from_millis(100),
+            2000,
+            Duration::from_secs(600),
+        )
+    }
+
+    /// A round at most every `period`, up to `rounds` rounds or `limit`.
+    fn start_paced(c: &Cluster, period: Duration, rounds: u64, limit: Duration) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let over = Arc::new(AtomicBool::new(false));
         let thread = {
@@ -651,22 +662,16 @@ impl Load {
             std::thread::spawn(move || {
                 let mut r = 1;
                 let t0 = Instant::now();
-                // paced (at most 10 rounds a second, each about ten
-                // transactions and 500 row changes) and bounded: the
-                // test ends it, or 2000 rounds, or 10 minutes
-                while !stop.load(Ordering::SeqCst)
-                    && r <= 2000
-                    && t0.elapsed() < Duration::from_secs(600)
-                {
+                // paced (each round about ten transactions and 500 row
+                // changes) and bounded: the test ends it, or its bounds
+                while !stop.load(Ordering::SeqCst) && r <= rounds && t0.elapsed() < limit {
                     let round_start = Instant::now();
                     assert!(
                         support::feed(&mut psql, &round_sql(r)).status.success(),
                         "load round {r} failed"
                     );
                     r += 1;
-                    std::thread::sleep(
-                        Duration::from_millis(100).saturating_sub(round_start.elapsed()),
-                    );
+                    std::thread::sleep(period.saturating_sub(round_start.elapsed()));
                 }
                 load_over.store(true, Ordering::SeqCst);
                 r - 1
@@ -3056,4 +3061,397 @@ fn snapshot_behind_a_held_commit(
         assert_eq!(read_only, 0, "{label}: a chunk was read-only:\n{log}");
     }
     rereads
+}
+
+/// The faults of the three-broker suite, each one that a production Kafka
+/// cluster meets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum BrokerFault {
+    /// SIGKILL of the progress partition's leader; Kafka's progress must
+    /// move on without it before it comes back.
+    KillProgressLeader,
+    /// SIGKILL of the leader of a data topic's partition.
+    KillDataLeader,
+    /// SIGSTOP of the progress partition's leader for 12 s: silent with its
+    /// connections open, as behind a partition; the controller fences it and
+    /// the in-sync replicas shrink without it.
+    PauseProgressLeader,
+    /// SIGTERM of the progress partition's leader: a controlled shutdown,
+    /// whose leaderships move first.
+    StopProgressLeader,
+    /// SIGKILL of the node leading the controller quorum.
+    KillActiveController,
+    /// Two nodes SIGKILLed: the in-sync replicas fall below
+    /// `min.insync.replicas`, and no write can commit until one is back.
+    BelowMinInsync,
+    /// The progress and data partitions' leaders moved by a preferred
+    /// election, without a failure.
+    MoveLeaders,
+    /// pgwal SIGKILLed with the slot behind Kafka, the progress partition's
+    /// leader SIGKILLed, and pgwal started again at once: its read of
+    /// Kafka's position meets a leader that is gone, before the controller
+    /// notices.
+    RestartWithoutProgressLeader,
+}
+
+const BROKER_FAULTS: [BrokerFault; 8] = [
+    BrokerFault::KillProgressLeader,
+    BrokerFault::KillDataLeader,
+    BrokerFault::PauseProgressLeader,
+    BrokerFault::StopProgressLeader,
+    BrokerFault::KillActiveController,
+    BrokerFault::BelowMinInsync,
+    BrokerFault::MoveLeaders,
+    BrokerFault::RestartWithoutProgressLeader,
+];
+
+/// The faults to inject, `n` of them: every kind once in each run of eight,
+/// in an order drawn from `seed`.
+fn draw_faults(seed: u64, n: usize) -> Vec<BrokerFault> {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 33) as usize
+    };
+    let mut out = Vec::new();
+    while out.len() < n {
+        let mut round = BROKER_FAULTS.to_vec();
+        for i in (1..round.len()).rev() {
+            round.swap(i, next() % (i + 1));
+        }
+        out.extend(round);
+    }
+    out.truncate(n);
+    out
+}
+
+const CLUSTER_TXN_ID: &str = "pgwal-cluster-test";
+
+/// The node coordinating the sink's Kafka transactions (Kafka's
+/// transactions tool), if the cluster knows it yet.
+fn transaction_coordinator(k: &KafkaCluster) -> Option<i32> {
+    let n = (1..=3).find(|n| k.is_up(*n))?;
+    let out =
+        Command::new(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tools/kafka-broker"))
+            .args([
+                "tool",
+                "org.apache.kafka.tools.TransactionsCommand",
+                "--bootstrap-server",
+                &k.node_addr(n),
+                "describe",
+                "--transactional-id",
+                CLUSTER_TXN_ID,
+            ])
+            .output()
+            .unwrap();
+    // a header line, then the values: CoordinatorId first
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines().skip_while(|l| !l.starts_with("CoordinatorId"));
+    lines.next()?;
+    lines.next()?.split_whitespace().next()?.parse().ok()
+}
+
+/// Waits until Kafka's progress is past `before`, or the load is over. A
+/// read that fails (the progress partition between leaders) is tried
+/// again; after 180 s the cluster's state and pgwal's log are shown.
+fn wait_progress_past(
+    k: &KafkaCluster,
+    before: Option<Lsn>,
+    sink: &Sink,
+    load_over: &AtomicBool,
+    what: &str,
+) {
+    let t0 = Instant::now();
+    loop {
+        let last = match broker::try_read_all(
+            &k.addr,
+            &[PROGRESS],
+            "read_committed",
+            Duration::from_secs(20),
+        ) {
+            Ok(records) => {
+                let now = records.last().map(|r| {
+                    let v: Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+                    v["end_lsn"].as_str().unwrap().parse::<Lsn>().unwrap()
+                });
+                if now > before {
+                    return;
+                }
+                format!("at {now:?}")
+            }
+            Err(e) => e,
+        };
+        if load_over.load(Ordering::SeqCst) {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(180),
+            "{what}: Kafka's progress stayed at {before:?} for 180 s (the last read: {last}); \
+             the progress partition's leader and in-sync replicas: {:?}, the data partition's: {:?}; \
+             pgwal's log:\n{}",
+            k.leader(PROGRESS),
+            k.leader(&topic("items")),
+            sink.log()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// Waits until `topic`'s partition has a leader and all three replicas in
+/// sync: the state every fault starts from.
+fn wait_healthy(k: &KafkaCluster, topic: &str) {
+    let t0 = Instant::now();
+    loop {
+        if let Some((_, isr)) = k.leader(topic) {
+            if isr.len() == 3 {
+                return;
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "{topic}: not all three replicas in sync within 120 s ({:?})",
+            k.leader(topic)
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// The sink on a cluster of three brokers through `faults` faults drawn
+/// from `seed`, under the mixed load, with an initial snapshot (of tables
+/// still empty, so a snapshot taken again would show as records of its
+/// own): every change exactly once, none read again by a snapshot.
+fn exactly_once_on_three_brokers(label: &'static str, bin: &Path, seed: u64, faults: usize) {
+    let _one = one_broker();
+    let t = Instant::now();
+    let phase = |what: &str| eprintln!("{label}: {:6.1} s {what}", t.elapsed().as_secs_f64());
+    let k = KafkaCluster::start(label);
+    let kafka = broker::sink_args(&k.addr, &[]);
+    let c = Cluster::start(
+        label,
+        bin,
+        Options {
+            conf: vec![
+                "logical_decoding_work_mem = '64kB'".into(),
+                "wal_sender_timeout = 0".into(),
+            ],
+            ..Options::default()
+        },
+    );
+    phase("three brokers and the server started");
+    let logs = setup_with_reference(&c, label, "cluster");
+    let args = [
+        "--status-interval",
+        "600",
+        "--kafka-heartbeat-secs",
+        "0.5",
+        "--snapshot",
+        "--kafka-transactional-id",
+        CLUSTER_TXN_ID,
+    ];
+    let mut n = 0;
+    let mut sink = start_sink(&c, &kafka, &logs, n, &args);
+    sink.wait_streaming();
+    // the snapshot of the empty tables ends before the load begins, so
+    // that no row is ever read by a snapshot
+    wait_for_log(&sink, 0, "snapshot finished", Duration::from_secs(60));
+    // two rounds a second, for as long as the faults take (each a minute or
+    // two at most): Kafka's progress must move under every fault
+    let load = Load::start_paced(
+        &c,
+        Duration::from_millis(500),
+        u64::MAX,
+        Duration::from_secs(180 * faults as u64 + 300),
+    );
+    let load_over = load.over.clone();
+    wait_progress(&k.addr, &sink, &load_over);
+    let data = topic("items");
+    wait_healthy(&k, PROGRESS);
+    wait_healthy(&k, &data);
+    phase("streaming into Kafka");
+    let plan = draw_faults(seed, faults);
+    for (i, fault) in plan.iter().enumerate() {
+        let what = format!("{label} fault {i} ({fault:?})");
+        let before = kafka_progress(&k.addr);
+        let (progress_leader, _) = k
+            .leader(PROGRESS)
+            .expect("the progress partition has a leader");
+        match fault {
+            BrokerFault::KillProgressLeader | BrokerFault::KillDataLeader => {
+                let t = if *fault == BrokerFault::KillDataLeader {
+                    data.as_str()
+                } else {
+                    PROGRESS
+                };
+                let (leader, _) = k.leader(t).unwrap();
+                k.kill(leader);
+                wait_progress_past(&k, before, &sink, &load_over, &what);
+                k.restart(leader);
+            }
+            BrokerFault::PauseProgressLeader => {
+                k.pause(progress_leader);
+                std::thread::sleep(Duration::from_secs(12));
+                k.resume(progress_leader);
+                wait_progress_past(&k, before, &sink, &load_over, &what);
+            }
+            BrokerFault::StopProgressLeader => {
+                k.stop(progress_leader);
+                wait_progress_past(&k, before, &sink, &load_over, &what);
+                k.restart(progress_leader);
+            }
+            BrokerFault::KillActiveController => {
+                let active = k
+                    .active_controller()
+                    .expect("a controller leads the quorum");
+                k.kill(active);
+                wait_progress_past(&k, before, &sink, &load_over, &what);
+                k.restart(active);
+            }
+            BrokerFault::BelowMinInsync => {
+                let others: Vec<i32> = (1..=3).filter(|x| *x != progress_leader).collect();
+                let (a, b) = (others[0], others[1]);
+                k.kill(a);
+                k.kill(b);
+                // nothing can commit now; the sink retries
+                std::thread::sleep(Duration::from_secs(8));
+                let stalled = kafka_progress(&k.addr);
+                k.restart(a);
+                wait_progress_past(&k, stalled.max(before), &sink, &load_over, &what);
+                k.restart(b);
+            }
+            BrokerFault::MoveLeaders => {
+                let to = progress_leader % 3 + 1;
+                k.move_leader(PROGRESS, to);
+                let (data_leader, _) = k.leader(&data).unwrap();
+                k.move_leader(&data, data_leader % 3 + 1);
+                wait_progress_past(&k, before, &sink, &load_over, &what);
+            }
+            BrokerFault::RestartWithoutProgressLeader => {
+                // a progress leader that is not also the transaction
+                // coordinator: else the new pgwal waits for the
+                // coordinator to move, and by then the leader moved too
+                if transaction_coordinator(&k) == Some(progress_leader) {
+                    k.move_leader(PROGRESS, progress_leader % 3 + 1);
+                }
+                let (leader, _) = k.leader(PROGRESS).unwrap();
+                let behind = sink.kill_with_slot_behind(&c, &k.addr, &load_over);
+                assert!(behind, "{what}: Kafka never got ahead of the slot in 60 s");
+                k.kill(leader);
+                n += 1;
+                sink = start_sink(&c, &kafka, &logs, n, &args);
+                sink.wait_streaming();
+                wait_progress_past(&k, before, &sink, &load_over, &what);
+                k.restart(leader);
+            }
+        }
+        sink.assert_running(&what);
+        assert!(
+            !load_over.load(Ordering::SeqCst),
+            "{what}: the load ended before the fault did"
+        );
+        wait_healthy(&k, PROGRESS);
+        wait_healthy(&k, &data);
+        let t0 = Instant::now();
+        while !k.quorum_caught_up() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "{what}: the three controllers did not catch up within 120 s"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        phase(&format!(
+            "fault {i}: {fault:?}, and Kafka's progress moved on"
+        ));
+    }
+    let load_rounds = load.finish();
+    phase("load finished");
+    let (ok, log) = sink.terminate();
+    assert!(ok, "{label}: pgwal failed on SIGTERM:\n{log}");
+    let end: Lsn = c.query("SELECT pg_current_wal_lsn()").parse().unwrap();
+    let (ok, last_log) = start_sink(
+        &c,
+        &kafka,
+        &logs,
+        n + 1,
+        &[&args[..], &["--stop-lsn", &end.to_string()]].concat(),
+    )
+    .wait(Duration::from_secs(300));
+    assert!(ok, "{label}: the catch-up run failed:\n{last_log}");
+    phase("caught up");
+    let (committed, uncommitted) = check_exactly_once(label, &c, &k.addr, end);
+    let topics: Vec<String> = TABLES.iter().map(|t| topic(t)).collect();
+    let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
+    let reads = read_all(&k.addr, &topics, "read_committed")
+        .iter()
+        .filter(|r| {
+            serde_json::from_slice::<Value>(r.value.as_deref().unwrap_or(b"null"))
+                .is_ok_and(|v| v["op"] == "r")
+        })
+        .count();
+    assert_eq!(
+        reads, 0,
+        "{label}: a snapshot was taken again after a fault"
+    );
+    let restarts: u64 = (0..=n + 1)
+        .map(|i| {
+            count_in(
+                &std::fs::read_to_string(logs.join(format!("pgwal-{i}.log"))).unwrap_or_default(),
+                "restarts after Kafka errors",
+            )
+        })
+        .sum();
+    phase("checked");
+    let _ = std::fs::remove_dir_all(&logs);
+    eprintln!(
+        "{label}: seed {seed}: {faults} broker faults ({:?}), {load_rounds} load rounds, \
+         {committed} records read_committed, {uncommitted} read_uncommitted, 0 duplicates, \
+         0 lost, no snapshot again; {restarts} session restarts after Kafka errors",
+        plan
+    );
+}
+
+/// The sink on three brokers (each also a controller) through leader
+/// kills, pauses and moves, a controlled shutdown, the controller's loss,
+/// in-sync replicas below the minimum, and its own restart without the
+/// progress partition's leader. PGWAL_KAFKA_FAULTS sets how many (4 by
+/// default, half of the kinds, which the seed picks; 8 run each once),
+/// PGWAL_KAFKA_SEED their order (else drawn from the clock and printed).
+#[test]
+fn kafka_sink_exactly_once_through_broker_faults() {
+    if !broker::have_java() {
+        eprintln!("NOTICE: no java; the three-broker test is skipped");
+        return;
+    }
+    let faults = std::env::var("PGWAL_KAFKA_FAULTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    let seed = std::env::var("PGWAL_KAFKA_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs()
+        });
+    eprintln!("kafka_sink_exactly_once_through_broker_faults: PGWAL_KAFKA_SEED={seed} PGWAL_KAFKA_FAULTS={faults}");
+    let Some((label, bin)) = support::servers().into_iter().find(|(l, _)| *l == "pg18") else {
+        eprintln!("NOTICE: no PostgreSQL 18; the three-broker test is skipped");
+        return;
+    };
+    exactly_once_on_three_brokers(label, &bin, seed, faults);
+}
+
+#[test]
+fn broker_faults_are_drawn_each_once_per_eight() {
+    let plan = draw_faults(7, 16);
+    for half in plan.chunks(8) {
+        let kinds: std::collections::HashSet<_> = half.iter().collect();
+        assert_eq!(kinds.len(), 8, "{plan:?}");
+    }
+    assert_ne!(draw_faults(7, 8), draw_faults(8, 8));
 }

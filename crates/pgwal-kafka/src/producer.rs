@@ -66,6 +66,16 @@ pub enum ProducerError {
         /// Its end when the read began.
         end: i64,
     },
+    /// The end of the progress topic could not be learnt within the
+    /// timeout (its leader moving, a broker down). Never read as an empty
+    /// topic: that would write again what Kafka holds.
+    #[error("progress topic {topic}: its end could not be read: {source}")]
+    ProgressEnd {
+        /// The topic.
+        topic: String,
+        /// The last answer.
+        source: KafkaError,
+    },
     /// A progress record that is not one.
     #[error("progress topic {topic}: record for {key} at offset {offset} is not a position")]
     BadProgress {
@@ -339,16 +349,36 @@ fn explain(e: ProducerError, context: &Context) -> ProducerError {
 /// Creates the progress topic, compacted and with one partition, unless it
 /// exists. Auto-creation would make it uncompacted, and a topic of several
 /// partitions could not be read back in order.
+///
+/// It holds the stream's exactly-once state, so it is made to outlive a
+/// broker: three replicas where the cluster has three brokers or more
+/// (fewer only where it has fewer), and `min.insync.replicas=2`, so that a
+/// committed position is on two brokers before the slot is acknowledged.
+/// Small segments bound what a start reads of the uncompacted tail.
 async fn ensure_progress_topic(
     cfg: &ProducerConfig,
     context: &Context,
 ) -> Result<(), ProducerError> {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     use rdkafka::types::RDKafkaErrorCode;
-    let admin: AdminClient<Context> = client_config(cfg).create_with_context(context.clone())?;
-    // -1: the broker's default replication factor
-    let topic = NewTopic::new(&cfg.progress_topic, 1, TopicReplication::Fixed(-1))
-        .set("cleanup.policy", "compact");
+    let admin: Arc<AdminClient<Context>> =
+        Arc::new(client_config(cfg).create_with_context(context.clone())?);
+    let brokers = {
+        let admin = admin.clone();
+        let t = cfg.timeout;
+        blocking(move || Ok(admin.inner().fetch_metadata(None, t)?.brokers().len())).await?
+    };
+    let replicas = brokers.clamp(1, 3);
+    let mut topic = NewTopic::new(
+        &cfg.progress_topic,
+        1,
+        TopicReplication::Fixed(replicas as i32),
+    )
+    .set("cleanup.policy", "compact")
+    .set("segment.bytes", "16777216");
+    if replicas >= 3 {
+        topic = topic.set("min.insync.replicas", "2");
+    }
     let results = admin
         .create_topics(
             [&topic],
@@ -361,7 +391,14 @@ async fn ensure_progress_topic(
         .await?;
     for r in results {
         match r {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Ok(_) => {
+                if replicas < 3 {
+                    tracing::warn!(topic = %cfg.progress_topic, replicas, "progress topic created with fewer than 3 replicas: the cluster has {brokers} broker(s), and losing one may lose the stream's exactly-once position");
+                } else {
+                    tracing::info!(topic = %cfg.progress_topic, replicas, "progress topic created (min.insync.replicas=2)");
+                }
+            }
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
             Err((_, code)) => return Err(KafkaError::AdminOp(code).into()),
         }
     }
@@ -398,12 +435,11 @@ fn read_progress(
         .set("isolation.level", "read_uncommitted")
         .set("group.id", &group)
         .create_with_context(context.clone())?;
-    let (_, end) = match watermarks.fetch_watermarks(&cfg.progress_topic, 0, cfg.timeout) {
-        Ok(w) => w,
-        // no progress topic yet: nothing was ever committed
-        Err(KafkaError::MetadataFetch(_)) => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
+    let end = high_watermark(
+        |t| watermarks.fetch_watermarks(&cfg.progress_topic, 0, t),
+        &cfg.progress_topic,
+        cfg.timeout,
+    )?;
     if end <= 0 {
         return Ok(None);
     }
@@ -431,6 +467,11 @@ fn read_progress(
                 if at >= end {
                     return Ok(last);
                 }
+            }
+            // a broker of a cluster down or a leader moving: the client
+            // goes on with the others, within the deadline
+            Some(Err(e)) if transient(&e) => {
+                tracing::info!(topic = %cfg.progress_topic, error = %e, "reading the progress topic; going on");
             }
             Some(Err(e)) => return Err(e.into()),
             Some(Ok(m)) if m.key() == Some(cfg.progress_key.as_bytes()) => {
@@ -461,6 +502,61 @@ fn read_progress(
     }
 }
 
+/// Whether a consumer's error is one the client recovers from by itself
+/// (a connection lost, a leader moving).
+fn transient(e: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        e,
+        KafkaError::MessageConsumption(
+            C::BrokerTransportFailure
+                | C::AllBrokersDown
+                | C::NotLeaderForPartition
+                | C::LeaderNotAvailable
+                | C::RequestTimedOut
+                | C::OperationTimedOut
+                | C::NetworkException
+                | C::FencedLeaderEpoch
+                | C::UnknownLeaderEpoch
+        )
+    )
+}
+
+/// The end (high watermark) of the progress partition, asked with `fetch`
+/// until it answers or `timeout` passed.
+///
+/// The topic exists ([`ensure_progress_topic`] ran before), so a failed
+/// query never means "Kafka holds nothing of this stream": after a broker
+/// failure the partition's leader may be moving, or the broker asked may
+/// not know it yet. Taken as an empty topic, such an error would start the
+/// stream over from the slot and write again what Kafka holds, and with an
+/// initial snapshot, snapshot every table again. So errors are asked again
+/// and, at the deadline, returned: the session fails and starts over.
+fn high_watermark(
+    mut fetch: impl FnMut(Duration) -> Result<(i64, i64), KafkaError>,
+    topic: &str,
+    timeout: Duration,
+) -> Result<i64, ProducerError> {
+    let deadline = std::time::Instant::now() + timeout;
+    let pause = Duration::from_millis(200);
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match fetch(left.max(pause)) {
+            Ok((_, end)) => return Ok(end),
+            Err(e) if std::time::Instant::now() + pause < deadline => {
+                tracing::info!(%topic, error = %e, "the progress topic's end is not known yet; asking again");
+                std::thread::sleep(pause);
+            }
+            Err(source) => {
+                return Err(ProducerError::ProgressEnd {
+                    topic: topic.to_owned(),
+                    source,
+                })
+            }
+        }
+    }
+}
+
 /// Defaults that notice a broker gone silent (its host or network vanished
 /// without a reset), before the user's options, which may override them:
 /// TCP keepalives, and requests that time out (then librdkafka drops the
@@ -474,4 +570,55 @@ fn liveness(cc: &mut ClientConfig, timeout: Duration) {
             "socket.connection.setup.timeout.ms",
             timeout.as_millis().clamp(1000, 300_000).to_string(),
         );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::types::RDKafkaErrorCode;
+
+    #[test]
+    fn a_failed_end_query_is_asked_again_and_never_read_as_empty() {
+        // the leader moved: two failures, then the answer
+        let mut calls = 0;
+        let end = high_watermark(
+            |_| {
+                calls += 1;
+                if calls < 3 {
+                    Err(KafkaError::MetadataFetch(
+                        RDKafkaErrorCode::NotLeaderForPartition,
+                    ))
+                } else {
+                    Ok((0, 42))
+                }
+            },
+            "p",
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        assert_eq!((end, calls), (42, 3));
+        assert!(transient(&KafkaError::MessageConsumption(
+            RDKafkaErrorCode::BrokerTransportFailure
+        )));
+        assert!(!transient(&KafkaError::MessageConsumption(
+            RDKafkaErrorCode::TopicAuthorizationFailed
+        )));
+        // it never answers: an error the session retries, not "nothing"
+        for code in [
+            RDKafkaErrorCode::OperationTimedOut,
+            RDKafkaErrorCode::UnknownTopicOrPartition,
+            RDKafkaErrorCode::LeaderNotAvailable,
+        ] {
+            let e = high_watermark(
+                |_| Err(KafkaError::MetadataFetch(code)),
+                "p",
+                Duration::from_millis(500),
+            )
+            .unwrap_err();
+            assert!(
+                matches!(&e, ProducerError::ProgressEnd { topic, source: KafkaError::MetadataFetch(c) } if topic == "p" && *c == code),
+                "{e:?}"
+            );
+        }
+    }
 }

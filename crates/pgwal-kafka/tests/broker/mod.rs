@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
 /// A single-node broker in a directory of its own, killed when dropped.
@@ -250,6 +252,222 @@ impl Drop for Broker {
     }
 }
 
+/// A cluster of three brokers, each also a KRaft controller
+/// (`tools/kafka-broker cluster`): topics with three replicas and
+/// `min.insync.replicas=2`. Every node is killed when dropped.
+pub struct KafkaCluster {
+    pub dir: PathBuf,
+    /// The bootstrap list of the three plaintext listeners.
+    pub addr: String,
+}
+
+impl KafkaCluster {
+    /// Three nodes on six free ports below the ephemeral range.
+    pub fn start(label: &str) -> KafkaCluster {
+        // on tmpfs where there is one: the controllers fsync their metadata
+        // log at every write, and on two cores beside tests that fsync
+        // heavily one such fsync held the quorum for 12 s. The faults here
+        // are of processes, which lose nothing in the page cache either way.
+        let shm = std::path::Path::new("/dev/shm");
+        let base =
+            if shm.is_dir() && std::fs::metadata(shm).is_ok_and(|m| !m.permissions().readonly()) {
+                shm.to_path_buf()
+            } else {
+                std::env::temp_dir()
+            };
+        let dir = base.join(format!("pgwal-kafka-three-{label}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let port = run(&["free-ports", "6"]);
+        let addr = run(&["cluster", dir.to_str().unwrap(), &port]);
+        KafkaCluster { dir, addr }
+    }
+
+    /// The directory of node `n` (1, 2 or 3; its node id).
+    pub fn node(&self, n: i32) -> PathBuf {
+        self.dir.join(n.to_string())
+    }
+
+    /// The plaintext listener of node `n`.
+    pub fn node_addr(&self, n: i32) -> String {
+        let port = std::fs::read_to_string(self.node(n).join("port")).unwrap();
+        format!("127.0.0.1:{}", port.trim())
+    }
+
+    /// Whether node `n`'s process runs (it may be paused).
+    pub fn is_up(&self, n: i32) -> bool {
+        self.node(n).join("broker.pid").exists()
+    }
+
+    /// SIGKILL of node `n`.
+    pub fn kill(&self, n: i32) {
+        run(&["kill", self.node(n).to_str().unwrap()]);
+    }
+
+    /// SIGTERM of node `n` (a controlled shutdown: its leaderships move first).
+    pub fn stop(&self, n: i32) {
+        run(&["stop", self.node(n).to_str().unwrap()]);
+    }
+
+    /// Starts node `n` again on its data; returns once it accepts clients.
+    pub fn restart(&self, n: i32) {
+        run(&["restart", self.node(n).to_str().unwrap()]);
+    }
+
+    /// SIGSTOP of node `n`: silent, its connections open.
+    pub fn pause(&self, n: i32) {
+        run(&["pause", self.node(n).to_str().unwrap()]);
+    }
+
+    /// SIGCONT of node `n`.
+    pub fn resume(&self, n: i32) {
+        run(&["resume", self.node(n).to_str().unwrap()]);
+    }
+
+    /// The node leading `topic`'s partition 0 and its in-sync replicas, as
+    /// the cluster's metadata says (asked of the running nodes); `None`
+    /// while it has no leader.
+    pub fn leader(&self, topic: &str) -> Option<(i32, Vec<i32>)> {
+        let up: Vec<String> = (1..=3)
+            .filter(|n| self.is_up(*n))
+            .map(|n| self.node_addr(n))
+            .collect();
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", up.join(","))
+            .create()
+            .unwrap();
+        let md = c
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .ok()?;
+        let t = md.topics().iter().find(|t| t.name() == topic)?;
+        let p = t.partitions().iter().find(|p| p.id() == 0)?;
+        (p.leader() > 0).then(|| (p.leader(), p.isr().to_vec()))
+    }
+
+    /// The node leading the controller quorum (Kafka's metadata-quorum
+    /// tool, asked of a running node).
+    pub fn active_controller(&self) -> Option<i32> {
+        let n = (1..=3).find(|n| self.is_up(*n))?;
+        let out = Command::new(tool())
+            .args([
+                "tool",
+                "org.apache.kafka.tools.MetadataQuorumCommand",
+                "--bootstrap-server",
+                &self.node_addr(n),
+                "describe",
+                "--status",
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("LeaderId:"))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// Whether all three controllers follow the quorum's leader closely
+    /// (Kafka's metadata-quorum tool: each voter's lag at most 50 records).
+    pub fn quorum_caught_up(&self) -> bool {
+        let Some(n) = (1..=3).find(|n| self.is_up(*n)) else {
+            return false;
+        };
+        let out = Command::new(tool())
+            .args([
+                "tool",
+                "org.apache.kafka.tools.MetadataQuorumCommand",
+                "--bootstrap-server",
+                &self.node_addr(n),
+                "describe",
+                "--replication",
+            ])
+            .output()
+            .unwrap();
+        // NodeId DirectoryId LogEndOffset Lag LastFetchTimestamp ... Status
+        let text = String::from_utf8_lossy(&out.stdout);
+        let voters: Vec<u64> = text
+            .lines()
+            .filter(|l| l.contains("Leader") || l.contains("Follower"))
+            .filter_map(|l| l.split_whitespace().nth(3)?.parse().ok())
+            .collect();
+        voters.len() == 3 && voters.iter().all(|lag| *lag <= 50)
+    }
+
+    /// Makes node `to` the leader of `topic`'s partition 0 without a
+    /// failure: its replica list is reordered to put `to` first, then the
+    /// preferred leader is elected (Kafka's reassignment and election tools).
+    pub fn move_leader(&self, topic: &str, to: i32) {
+        let n = (1..=3).find(|n| self.is_up(*n)).unwrap();
+        let bootstrap = self.node_addr(n);
+        let mut replicas = vec![to];
+        replicas.extend((1..=3).filter(|r| *r != to));
+        let plan = self.dir.join("move.json");
+        std::fs::write(
+            &plan,
+            format!(
+                r#"{{"version":1,"partitions":[{{"topic":"{topic}","partition":0,"replicas":{replicas:?}}}]}}"#
+            ),
+        )
+        .unwrap();
+        for args in [
+            vec![
+                "org.apache.kafka.tools.reassign.ReassignPartitionsCommand",
+                "--bootstrap-server",
+                &bootstrap,
+                "--reassignment-json-file",
+                plan.to_str().unwrap(),
+                "--execute",
+            ],
+            vec![
+                "org.apache.kafka.tools.LeaderElectionCommand",
+                "--bootstrap-server",
+                &bootstrap,
+                "--election-type",
+                "PREFERRED",
+                "--topic",
+                topic,
+                "--partition",
+                "0",
+            ],
+        ] {
+            let mut a = vec!["tool"];
+            a.extend(args);
+            let out = Command::new(tool()).args(&a).output().unwrap();
+            let said = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success()
+                    // the reordered list is the preferred one already
+                    || said.contains("preferred replica")
+                    || String::from_utf8_lossy(&out.stderr).contains("ElectionNotNeeded"),
+                "kafka tool {a:?}: {said}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+impl Drop for KafkaCluster {
+    fn drop(&mut self) {
+        let _ = Command::new(tool()).arg("kill").arg(&self.dir).status();
+        if std::thread::panicking() {
+            // the logs stay for a look
+            eprintln!("the brokers' logs: {}/N/broker.log", self.dir.display());
+            for n in 1..=3 {
+                if let Ok(log) = std::fs::read_to_string(self.node(n).join("broker.log")) {
+                    let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                    eprintln!("--- broker {n} log (tail) ---");
+                    for l in tail.iter().rev() {
+                        eprintln!("{l}");
+                    }
+                }
+            }
+            for n in 1..=3 {
+                let _ = std::fs::remove_dir_all(self.node(n).join("data"));
+            }
+            return;
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// One record as a consumer sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Consumed {
@@ -263,6 +481,18 @@ pub struct Consumed {
 /// that a consumer with `isolation` (read_committed, read_uncommitted)
 /// sees, up to the end; a topic that does not exist is empty.
 pub fn read_all(addr: &str, topics: &[&str], isolation: &str) -> Vec<Consumed> {
+    try_read_all(addr, topics, isolation, Duration::from_secs(120))
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`read_all`], or what stopped it within `limit` (an end that stayed
+/// unknown, a read that did not get there).
+pub fn try_read_all(
+    addr: &str,
+    topics: &[&str],
+    isolation: &str,
+    limit: Duration,
+) -> Result<Vec<Consumed>, String> {
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", addr)
         .set("group.id", format!("reader-{}", std::process::id()))
@@ -270,23 +500,37 @@ pub fn read_all(addr: &str, topics: &[&str], isolation: &str) -> Vec<Consumed> {
         .set("enable.auto.commit", "false")
         .create()
         .unwrap();
+    let deadline = Instant::now() + limit;
     let mut tpl = TopicPartitionList::new();
     let mut ends = Vec::new();
     for t in topics {
-        match c.fetch_watermarks(t, 0, Duration::from_secs(10)) {
-            Ok((_, high)) if high > 0 => {
-                tpl.add_partition_offset(t, 0, Offset::Beginning).unwrap();
-                ends.push((t.to_string(), high));
+        // a topic that does not exist is empty; any other error (a broker
+        // of a cluster down, a leader moving) is asked again
+        let high = loop {
+            match c.fetch_watermarks(t, 0, Duration::from_secs(10)) {
+                Ok((_, high)) => break high,
+                Err(KafkaError::MetadataFetch(
+                    RDKafkaErrorCode::UnknownTopicOrPartition
+                    | RDKafkaErrorCode::UnknownTopic
+                    | RDKafkaErrorCode::UnknownPartition,
+                )) => break 0,
+                Err(e) if Instant::now() > deadline => {
+                    return Err(format!("the end of {t} stayed unknown for {limit:?}: {e}"))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(300)),
             }
-            _ => {}
+        };
+        if high > 0 {
+            tpl.add_partition_offset(t, 0, Offset::Beginning).unwrap();
+            ends.push((t.to_string(), high));
         }
     }
     if ends.is_empty() {
-        return Vec::new();
+        return Ok(Vec::new());
     }
     c.assign(&tpl).unwrap();
     let mut out = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut last_error = None;
     loop {
         let pos = c.position().unwrap();
         // read_committed stops at the last stable offset; transaction
@@ -297,16 +541,18 @@ pub fn read_all(addr: &str, topics: &[&str], isolation: &str) -> Vec<Consumed> {
                 .is_some_and(|o| o >= *high)
         });
         if done {
-            break;
+            return Ok(out);
         }
-        assert!(
-            Instant::now() < deadline,
-            "reading {topics:?} took over 120 s"
-        );
+        if Instant::now() > deadline {
+            return Err(format!(
+                "reading {topics:?} took over {limit:?} (the last error: {last_error:?})"
+            ));
+        }
         match c.poll(Duration::from_millis(200)) {
             None => {}
-            Some(m) => {
-                let m = m.unwrap();
+            // a broker of a cluster down: the client goes on with the others
+            Some(Err(e)) => last_error = Some(e),
+            Some(Ok(m)) => {
                 out.push(Consumed {
                     topic: m.topic().to_owned(),
                     offset: m.offset(),
@@ -316,7 +562,6 @@ pub fn read_all(addr: &str, topics: &[&str], isolation: &str) -> Vec<Consumed> {
             }
         }
     }
-    out
 }
 
 fn registry_tool() -> PathBuf {
