@@ -3063,6 +3063,11 @@ fn snapshot_behind_a_held_commit(
     rereads
 }
 
+/// How many lines of `log` contain `what`.
+fn count_lines(log: &str, what: &str) -> usize {
+    log.lines().filter(|l| l.contains(what)).count()
+}
+
 /// The faults of the three-broker suite, each one that a production Kafka
 /// cluster meets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -3088,10 +3093,11 @@ enum BrokerFault {
     /// election, without a failure.
     MoveLeaders,
     /// pgwal SIGKILLed with the slot behind Kafka, the progress partition's
-    /// leader SIGKILLed, and pgwal started again at once: its read of
-    /// Kafka's position meets a leader that is gone, before the controller
-    /// notices.
-    RestartWithoutProgressLeader,
+    /// leader SIGSTOPped, and pgwal started again at once: its read of
+    /// Kafka's position meets a leader that does not answer, before the
+    /// controller fences it. (A SIGKILLed leader refuses connections, and
+    /// the client finds the new leader within the call.)
+    RestartWithSilentProgressLeader,
 }
 
 const BROKER_FAULTS: [BrokerFault; 8] = [
@@ -3102,7 +3108,7 @@ const BROKER_FAULTS: [BrokerFault; 8] = [
     BrokerFault::KillActiveController,
     BrokerFault::BelowMinInsync,
     BrokerFault::MoveLeaders,
-    BrokerFault::RestartWithoutProgressLeader,
+    BrokerFault::RestartWithSilentProgressLeader,
 ];
 
 /// The faults to inject, `n` of them: every kind once in each run of eight,
@@ -3273,6 +3279,9 @@ fn exactly_once_on_three_brokers(label: &'static str, bin: &Path, seed: u64, fau
     wait_healthy(&k, &data);
     phase("streaming into Kafka");
     let plan = draw_faults(seed, faults);
+    // how often a restarted pgwal found the progress partition's end
+    // unknown and asked again
+    let mut asked_again = 0;
     for (i, fault) in plan.iter().enumerate() {
         let what = format!("{label} fault {i} ({fault:?})");
         let before = kafka_progress(&k.addr);
@@ -3329,22 +3338,34 @@ fn exactly_once_on_three_brokers(label: &'static str, bin: &Path, seed: u64, fau
                 k.move_leader(&data, data_leader % 3 + 1);
                 wait_progress_past(&k, before, &sink, &load_over, &what);
             }
-            BrokerFault::RestartWithoutProgressLeader => {
+            BrokerFault::RestartWithSilentProgressLeader => {
                 // a progress leader that is not also the transaction
                 // coordinator: else the new pgwal waits for the
                 // coordinator to move, and by then the leader moved too
-                if transaction_coordinator(&k) == Some(progress_leader) {
-                    k.move_leader(PROGRESS, progress_leader % 3 + 1);
+                let coordinator = transaction_coordinator(&k);
+                if coordinator == Some(progress_leader) {
+                    let to = (1..=3).find(|x| Some(*x) != coordinator).unwrap();
+                    k.move_leader(PROGRESS, to);
                 }
                 let (leader, _) = k.leader(PROGRESS).unwrap();
                 let behind = sink.kill_with_slot_behind(&c, &k.addr, &load_over);
                 assert!(behind, "{what}: Kafka never got ahead of the slot in 60 s");
-                k.kill(leader);
+                k.pause(leader);
+                // calls limited to 4 s: the read of Kafka's position ends
+                // before the controller fences the silent leader (6 s),
+                // while the metadata still names it
+                n += 1;
+                let short = [&args[..], &["--kafka-timeout-secs", "4"]].concat();
+                sink = start_sink(&c, &kafka, &logs, n, &short);
+                sink.wait_streaming();
+                wait_progress_past(&k, before, &sink, &load_over, &what);
+                k.resume(leader);
+                let (ok, log) = sink.terminate();
+                assert!(ok, "{what}: pgwal failed on SIGTERM:\n{log}");
+                asked_again += count_lines(&log, "the progress topic's end is not known yet");
                 n += 1;
                 sink = start_sink(&c, &kafka, &logs, n, &args);
                 sink.wait_streaming();
-                wait_progress_past(&k, before, &sink, &load_over, &what);
-                k.restart(leader);
             }
         }
         sink.assert_running(&what);
@@ -3408,7 +3429,8 @@ fn exactly_once_on_three_brokers(label: &'static str, bin: &Path, seed: u64, fau
     eprintln!(
         "{label}: seed {seed}: {faults} broker faults ({:?}), {load_rounds} load rounds, \
          {committed} records read_committed, {uncommitted} read_uncommitted, 0 duplicates, \
-         0 lost, no snapshot again; {restarts} session restarts after Kafka errors",
+         0 lost, no snapshot again; {restarts} session restarts after Kafka errors; \
+         the progress partition's end asked again {asked_again} times at restarts without its leader",
         plan
     );
 }
@@ -3454,4 +3476,128 @@ fn broker_faults_are_drawn_each_once_per_eight() {
         assert_eq!(kinds.len(), 8, "{plan:?}");
     }
     assert_ne!(draw_faults(7, 8), draw_faults(8, 8));
+}
+
+/// The ids of `items` rows in the records of its topic, by Debezium op.
+fn items_by_op(addr: &str) -> BTreeMap<String, Vec<i64>> {
+    let mut by_op: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for r in read_all(addr, &[&topic("items")], "read_committed") {
+        let v: Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+        let op = v["op"].as_str().unwrap().to_owned();
+        by_op
+            .entry(op)
+            .or_default()
+            .push(v["after"]["id"].as_i64().unwrap());
+    }
+    by_op
+}
+
+/// A progress partition without any leader (made by hand with one replica,
+/// whose broker is down) while the rest of the cluster works: a restarted
+/// sink asks for its end again, starting its session over, and waits; it
+/// neither writes again what Kafka holds nor snapshots again. Before, the
+/// failed query read as "Kafka holds nothing of this stream": the restart
+/// snapshotted every table again and wrote from the slot's position.
+#[test]
+fn kafka_sink_waits_for_a_progress_partition_without_a_leader() {
+    if !broker::have_java() {
+        eprintln!("NOTICE: no java; the three-broker test is skipped");
+        return;
+    }
+    let Some((label, bin)) = support::servers().into_iter().find(|(l, _)| *l == "pg18") else {
+        eprintln!("NOTICE: no PostgreSQL 18; the three-broker test is skipped");
+        return;
+    };
+    let _one = one_broker();
+    let k = KafkaCluster::start("leaderless");
+    k.create_topic(
+        PROGRESS,
+        &[
+            "--replica-assignment",
+            "3",
+            "--config",
+            "cleanup.policy=compact",
+        ],
+    );
+    let (c, logs) = cluster_with_kslot(label, &bin, "leaderless");
+    c.psql("INSERT INTO items SELECT g, 1, 'before' FROM generate_series(1, 50) g");
+    let kafka = broker::sink_args(&k.addr, &[]);
+    let args = ["--snapshot"];
+    let wait_items = |n: usize, sink: &Sink| {
+        let t0 = Instant::now();
+        loop {
+            let got: usize = items_by_op(&k.addr).values().map(Vec::len).sum();
+            if got >= n {
+                return;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "{got} of {n} items records in Kafka after 120 s; pgwal's log:\n{}",
+                sink.log()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    };
+    let sink = start_sink(&c, &kafka, &logs, 0, &args);
+    sink.wait_streaming();
+    // the snapshot in Kafka before more rows come (a session that failed
+    // before its commit would snapshot them too)
+    wait_items(50, &sink);
+    c.psql("INSERT INTO items SELECT g, 1, 'streamed' FROM generate_series(51, 60) g");
+    wait_items(60, &sink);
+    let (ok, log) = sink.terminate();
+    assert!(ok, "{label}: pgwal failed on SIGTERM:\n{log}");
+
+    // the progress partition's only replica down, once the last commit's
+    // marker is written there (else the coordinator holds the stream's
+    // transactional id until it is, and the restart waits for that first)
+    broker::wait_stable(&k.addr, PROGRESS);
+    k.kill(3);
+    // calls limited to 4 s: each session's try ends soon
+    let sink = start_sink(
+        &c,
+        &kafka,
+        &logs,
+        1,
+        &["--snapshot", "--kafka-timeout-secs", "4"],
+    );
+    c.psql("INSERT INTO items SELECT g, 1, 'while leaderless' FROM generate_series(61, 70) g");
+    wait_for_log(
+        &sink,
+        0,
+        "its end could not be read",
+        Duration::from_secs(120),
+    );
+    std::thread::sleep(Duration::from_secs(5));
+    let log = sink.log();
+    assert!(
+        !log.contains("streaming into Kafka") && !log.contains("Kafka holds nothing"),
+        "{label}: pgwal went on without knowing Kafka's position:\n{log}"
+    );
+    let tries = count_lines(&log, "its end could not be read");
+    k.restart(3);
+    sink.wait_streaming();
+    wait_items(70, &sink);
+    let (ok, log) = sink.terminate();
+    assert!(ok, "{label}: pgwal failed on SIGTERM:\n{log}");
+
+    let by_op = items_by_op(&k.addr);
+    let reads: Vec<i64> = by_op.get("r").cloned().unwrap_or_default();
+    let creates: Vec<i64> = by_op.get("c").cloned().unwrap_or_default();
+    assert_eq!(
+        reads,
+        (1..=50).collect::<Vec<_>>(),
+        "{label}: the snapshot's rows, each once (a second snapshot repeats them)"
+    );
+    // the slot was made before the first rows: all 70 inserts stream
+    assert_eq!(
+        creates,
+        (1..=70).collect::<Vec<_>>(),
+        "{label}: the inserts, each once"
+    );
+    let _ = std::fs::remove_dir_all(&logs);
+    eprintln!(
+        "{label}: a restart with the progress partition leaderless tried {tries} sessions, \
+         then went on once its broker was back: 50 snapshot rows and 70 inserts, each once"
+    );
 }

@@ -364,6 +364,22 @@ impl KafkaCluster {
             .and_then(|v| v.trim().parse().ok())
     }
 
+    /// Creates `topic` with Kafka's topic tool and `extra` arguments (a
+    /// replica assignment, configs).
+    pub fn create_topic(&self, topic: &str, extra: &[&str]) {
+        let mut a = vec![
+            "tool",
+            "org.apache.kafka.tools.TopicCommand",
+            "--bootstrap-server",
+            &self.addr,
+            "--create",
+            "--topic",
+            topic,
+        ];
+        a.extend(extra);
+        run(&a);
+    }
+
     /// Whether all three controllers follow the quorum's leader closely
     /// (Kafka's metadata-quorum tool: each voter's lag at most 50 records).
     pub fn quorum_caught_up(&self) -> bool {
@@ -465,6 +481,33 @@ impl Drop for KafkaCluster {
             return;
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Waits until no transaction is open on `topic`'s partition 0: its last
+/// stable offset (the end a read_committed consumer is given) reaches its
+/// high watermark, so the markers of every committed transaction are
+/// written.
+pub fn wait_stable(addr: &str, topic: &str) {
+    let end = |isolation: &str| {
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", addr)
+            .set("isolation.level", isolation)
+            .create()
+            .unwrap();
+        c.fetch_watermarks(topic, 0, Duration::from_secs(10))
+            .map(|(_, h)| h)
+    };
+    let t0 = Instant::now();
+    loop {
+        match (end("read_committed"), end("read_uncommitted")) {
+            (Ok(stable), Ok(high)) if stable == high => return,
+            r => assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "{topic}: a transaction stayed open for 60 s (last stable offset and high watermark: {r:?})"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(200));
     }
 }
 
