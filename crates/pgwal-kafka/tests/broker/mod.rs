@@ -265,9 +265,9 @@ impl KafkaCluster {
     /// Three nodes on six free ports below the ephemeral range.
     pub fn start(label: &str) -> KafkaCluster {
         // on tmpfs where there is one: the controllers fsync their metadata
-        // log at every write, and on two cores beside tests that fsync
-        // heavily one such fsync held the quorum for 12 s. The faults here
-        // are of processes, which lose nothing in the page cache either way.
+        // log at every write, and with the data on disk beside the lab's
+        // tests one controller event took 12 s. The faults here are of
+        // processes, which lose nothing in the page cache either way.
         let shm = std::path::Path::new("/dev/shm");
         let base =
             if shm.is_dir() && std::fs::metadata(shm).is_ok_and(|m| !m.permissions().readonly()) {
