@@ -3063,6 +3063,20 @@ fn snapshot_behind_a_held_commit(
     rereads
 }
 
+/// The server for the three-broker tests (the patched 18), or `None` (and
+/// a notice) where they cannot run: no JDK for Kafka, or no 18.
+fn three_broker_setting() -> Option<(&'static str, PathBuf)> {
+    if !broker::have_java() {
+        eprintln!("NOTICE: no java; the three-broker test is skipped");
+        return None;
+    }
+    let found = support::servers().into_iter().find(|(l, _)| *l == "pg18");
+    if found.is_none() {
+        eprintln!("NOTICE: no PostgreSQL 18; the three-broker test is skipped");
+    }
+    found
+}
+
 /// How many lines of `log` contain `what`.
 fn count_lines(log: &str, what: &str) -> usize {
     log.lines().filter(|l| l.contains(what)).count()
@@ -3093,10 +3107,12 @@ enum BrokerFault {
     /// election, without a failure.
     MoveLeaders,
     /// pgwal SIGKILLed with the slot behind Kafka, the progress partition's
-    /// leader SIGSTOPped, and pgwal started again at once: its read of
-    /// Kafka's position meets a leader that does not answer, before the
-    /// controller fences it. (A SIGKILLed leader refuses connections, and
-    /// the client finds the new leader within the call.)
+    /// leader SIGSTOPped, and pgwal started again at once, its calls
+    /// limited to 4 s. In the runs so far its start waited on the
+    /// transaction log (whose replicas include the silent node) until the
+    /// controller had fenced it, so its read of Kafka's position never met
+    /// the silent leader; the read's own test is
+    /// `kafka_sink_waits_for_a_progress_partition_without_a_leader`.
     RestartWithSilentProgressLeader,
 }
 
@@ -3136,30 +3152,6 @@ fn draw_faults(seed: u64, n: usize) -> Vec<BrokerFault> {
 }
 
 const CLUSTER_TXN_ID: &str = "pgwal-cluster-test";
-
-/// The node coordinating the sink's Kafka transactions (Kafka's
-/// transactions tool), if the cluster knows it yet.
-fn transaction_coordinator(k: &KafkaCluster) -> Option<i32> {
-    let n = (1..=3).find(|n| k.is_up(*n))?;
-    let out =
-        Command::new(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tools/kafka-broker"))
-            .args([
-                "tool",
-                "org.apache.kafka.tools.TransactionsCommand",
-                "--bootstrap-server",
-                &k.node_addr(n),
-                "describe",
-                "--transactional-id",
-                CLUSTER_TXN_ID,
-            ])
-            .output()
-            .unwrap();
-    // a header line, then the values: CoordinatorId first
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut lines = text.lines().skip_while(|l| !l.starts_with("CoordinatorId"));
-    lines.next()?;
-    lines.next()?.split_whitespace().next()?.parse().ok()
-}
 
 /// Waits until Kafka's progress is past `before`, or the load is over. A
 /// read that fails (the progress partition between leaders) is tried
@@ -3342,7 +3334,7 @@ fn exactly_once_on_three_brokers(label: &'static str, bin: &Path, seed: u64, fau
                 // a progress leader that is not also the transaction
                 // coordinator: else the new pgwal waits for the
                 // coordinator to move, and by then the leader moved too
-                let coordinator = transaction_coordinator(&k);
+                let coordinator = k.transaction_coordinator(CLUSTER_TXN_ID);
                 if coordinator == Some(progress_leader) {
                     let to = (1..=3).find(|x| Some(*x) != coordinator).unwrap();
                     k.move_leader(PROGRESS, to);
@@ -3351,9 +3343,8 @@ fn exactly_once_on_three_brokers(label: &'static str, bin: &Path, seed: u64, fau
                 let behind = sink.kill_with_slot_behind(&c, &k.addr, &load_over);
                 assert!(behind, "{what}: Kafka never got ahead of the slot in 60 s");
                 k.pause(leader);
-                // calls limited to 4 s: the read of Kafka's position ends
-                // before the controller fences the silent leader (6 s),
-                // while the metadata still names it
+                // calls limited to 4 s, shorter than the controller takes
+                // to fence the silent leader (6 s)
                 n += 1;
                 let short = [&args[..], &["--kafka-timeout-secs", "4"]].concat();
                 sink = start_sink(&c, &kafka, &logs, n, &short);
@@ -3443,10 +3434,6 @@ fn exactly_once_on_three_brokers(label: &'static str, bin: &Path, seed: u64, fau
 /// PGWAL_KAFKA_SEED their order (else drawn from the clock and printed).
 #[test]
 fn kafka_sink_exactly_once_through_broker_faults() {
-    if !broker::have_java() {
-        eprintln!("NOTICE: no java; the three-broker test is skipped");
-        return;
-    }
     let faults = std::env::var("PGWAL_KAFKA_FAULTS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -3461,8 +3448,7 @@ fn kafka_sink_exactly_once_through_broker_faults() {
                 .as_secs()
         });
     eprintln!("kafka_sink_exactly_once_through_broker_faults: PGWAL_KAFKA_SEED={seed} PGWAL_KAFKA_FAULTS={faults}");
-    let Some((label, bin)) = support::servers().into_iter().find(|(l, _)| *l == "pg18") else {
-        eprintln!("NOTICE: no PostgreSQL 18; the three-broker test is skipped");
+    let Some((label, bin)) = three_broker_setting() else {
         return;
     };
     exactly_once_on_three_brokers(label, &bin, seed, faults);
@@ -3500,12 +3486,7 @@ fn items_by_op(addr: &str) -> BTreeMap<String, Vec<i64>> {
 /// snapshotted every table again and wrote from the slot's position.
 #[test]
 fn kafka_sink_waits_for_a_progress_partition_without_a_leader() {
-    if !broker::have_java() {
-        eprintln!("NOTICE: no java; the three-broker test is skipped");
-        return;
-    }
-    let Some((label, bin)) = support::servers().into_iter().find(|(l, _)| *l == "pg18") else {
-        eprintln!("NOTICE: no PostgreSQL 18; the three-broker test is skipped");
+    let Some((label, bin)) = three_broker_setting() else {
         return;
     };
     let _one = one_broker();

@@ -343,25 +343,41 @@ impl KafkaCluster {
         (p.leader() > 0).then(|| (p.leader(), p.isr().to_vec()))
     }
 
-    /// The node leading the controller quorum (Kafka's metadata-quorum
-    /// tool, asked of a running node).
-    pub fn active_controller(&self) -> Option<i32> {
+    /// What Kafka's tool `class` prints (stdout) when run with `args`
+    /// against a running node; `None` when no node runs.
+    pub fn ask(&self, class: &str, args: &[&str]) -> Option<String> {
         let n = (1..=3).find(|n| self.is_up(*n))?;
+        let addr = self.node_addr(n);
         let out = Command::new(tool())
-            .args([
-                "tool",
-                "org.apache.kafka.tools.MetadataQuorumCommand",
-                "--bootstrap-server",
-                &self.node_addr(n),
-                "describe",
-                "--status",
-            ])
+            .args(["tool", class, "--bootstrap-server", &addr])
+            .args(args)
             .output()
             .unwrap();
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .find_map(|l| l.strip_prefix("LeaderId:"))
-            .and_then(|v| v.trim().parse().ok())
+        Some(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The node leading the controller quorum.
+    pub fn active_controller(&self) -> Option<i32> {
+        self.ask(
+            "org.apache.kafka.tools.MetadataQuorumCommand",
+            &["describe", "--status"],
+        )?
+        .lines()
+        .find_map(|l| l.strip_prefix("LeaderId:"))
+        .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// The node coordinating the transactions of `transactional_id`, if
+    /// the cluster knows it yet.
+    pub fn transaction_coordinator(&self, transactional_id: &str) -> Option<i32> {
+        let text = self.ask(
+            "org.apache.kafka.tools.TransactionsCommand",
+            &["describe", "--transactional-id", transactional_id],
+        )?;
+        // a header line, then the values: CoordinatorId first
+        let mut lines = text.lines().skip_while(|l| !l.starts_with("CoordinatorId"));
+        lines.next()?;
+        lines.next()?.split_whitespace().next()?.parse().ok()
     }
 
     /// Creates `topic` with Kafka's topic tool and `extra` arguments (a
@@ -381,24 +397,15 @@ impl KafkaCluster {
     }
 
     /// Whether all three controllers follow the quorum's leader closely
-    /// (Kafka's metadata-quorum tool: each voter's lag at most 50 records).
+    /// (each voter's lag at most 50 records).
     pub fn quorum_caught_up(&self) -> bool {
-        let Some(n) = (1..=3).find(|n| self.is_up(*n)) else {
+        let Some(text) = self.ask(
+            "org.apache.kafka.tools.MetadataQuorumCommand",
+            &["describe", "--replication"],
+        ) else {
             return false;
         };
-        let out = Command::new(tool())
-            .args([
-                "tool",
-                "org.apache.kafka.tools.MetadataQuorumCommand",
-                "--bootstrap-server",
-                &self.node_addr(n),
-                "describe",
-                "--replication",
-            ])
-            .output()
-            .unwrap();
         // NodeId DirectoryId LogEndOffset Lag LastFetchTimestamp ... Status
-        let text = String::from_utf8_lossy(&out.stdout);
         let voters: Vec<u64> = text
             .lines()
             .filter(|l| l.contains("Leader") || l.contains("Follower"))
