@@ -111,17 +111,37 @@ struct SlotDropArgs {
 }
 
 fn main() -> ExitCode {
+    // info by default (where a stream starts, retries and their next try,
+    // snapshot progress); PGWAL_LOG takes a tracing filter ("debug",
+    // "pgwal_kafka=debug,librdkafka=warn"); PGWAL_LOG_FORMAT=json writes one
+    // JSON object a line for a log collector
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_env("PGWAL_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+    };
+    let log = tracing_subscriber::fmt().with_writer(std::io::stderr);
+    match std::env::var("PGWAL_LOG_FORMAT").as_deref() {
+        Ok("json") => log
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_env_filter(filter())
+            .init(),
+        Ok("text") | Err(std::env::VarError::NotPresent) => log
+            .with_env_filter(filter())
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        Ok(other) => {
+            eprintln!("pgwal: PGWAL_LOG_FORMAT={other:?}: expected \"text\" or \"json\"");
+            return ExitCode::from(exit_code::CONFIG);
+        }
+        Err(std::env::VarError::NotUnicode(v)) => {
+            eprintln!("pgwal: PGWAL_LOG_FORMAT={v:?}: expected \"text\" or \"json\"");
+            return ExitCode::from(exit_code::CONFIG);
+        }
+    }
     // --config is expanded into options before clap sees them, so a file
     // gets the command line's validation and messages
-    // warnings by default; PGWAL_LOG=debug (or a tracing filter) for more
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("PGWAL_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let args = match config_file::expand(std::env::args_os().collect()) {
         Ok(a) => a,
         Err(e) => {

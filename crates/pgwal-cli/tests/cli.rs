@@ -1064,3 +1064,147 @@ fn exit_status_by_class() {
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(code, Some(4), "{label}: unreachable server: {err}");
 }
+
+/// A server that refuses connections: every retry says on stderr what
+/// failed, where, which attempt it was and when the next one comes, in
+/// the text log and in the JSON one.
+#[test]
+fn every_retry_says_what_failed_where_and_when_the_next_comes() {
+    // a port nothing listens on: bound, then released
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let where_ = format!("127.0.0.1:{port}");
+    for format in ["text", "json"] {
+        let mut p = Command::new(env!("CARGO_BIN_EXE_pgwal"))
+            .args(["-d", &format!("host=127.0.0.1 port={port} user=x dbname=x")])
+            .args(["stream", "-S", "s", "-P", "p"])
+            .env_remove("PGWAL_LOG")
+            .env("PGWAL_LOG_FORMAT", format)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = BufReader::new(p.stderr.take().unwrap());
+        let t0 = Instant::now();
+        let mut lines = Vec::new();
+        // the first three tries come within 0.2 + 0.4 + 0.8 s
+        while lines.len() < 3 && t0.elapsed() < Duration::from_secs(20) {
+            let mut l = String::new();
+            if err.read_line(&mut l).unwrap() == 0 {
+                break;
+            }
+            lines.push(l);
+        }
+        let _ = p.kill();
+        let _ = p.wait();
+        assert_eq!(lines.len(), 3, "{format}: {lines:?}");
+        for (n, l) in lines.iter().enumerate() {
+            let attempt = n + 1;
+            if format == "json" {
+                let v: Value =
+                    serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: not JSON: {l}"));
+                assert_eq!(v["level"], "WARN", "{l}");
+                assert_eq!(v["attempt"], attempt, "{l}");
+                assert!(v["error"].as_str().unwrap().contains(&where_), "{l}");
+                assert!(v["retry_in"].as_str().is_some(), "{l}");
+            } else {
+                assert!(l.contains(&where_), "{l}");
+                assert!(l.contains("Connection refused"), "{l}");
+                assert!(l.contains(&format!("attempt={attempt} ")), "{l}");
+                assert!(l.contains("retry_in="), "{l}");
+            }
+        }
+    }
+    // a format pgwal does not write is refused as configuration
+    let out = Command::new(env!("CARGO_BIN_EXE_pgwal"))
+        .args(["slot", "list"])
+        .env("PGWAL_LOG_FORMAT", "xml")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("PGWAL_LOG_FORMAT"));
+}
+
+/// A clean stop can hang (here on a stdout pipe nobody reads); a second
+/// SIGTERM ends pgwal at once, with the status of a process that signal
+/// killed, and what was not acknowledged comes again.
+#[test]
+fn a_second_sigterm_exits_at_once() {
+    let Some((label, bin)) = support::servers().into_iter().last() else {
+        panic!("no server");
+    };
+    let c = Cluster::start(label, &bin, Options::default());
+    c.psql("CREATE TABLE t (id int PRIMARY KEY, pad text); CREATE PUBLICATION p FOR TABLE t;");
+    let (ok, _, err) = pgwal(&c, &["slot", "create", "stuck_slot"]);
+    assert!(ok, "{err}");
+    // stdout piped and never read: once the pipe's 64 kB are full, pgwal
+    // waits on its write
+    let mut p = pgwal_command(&c)
+        .args(["stream", "-S", "stuck_slot", "-P", "p"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.psql("INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(1, 5000) g");
+    // it has read the rows when the walsender has sent them all
+    let sent = |c: &Cluster| {
+        c.query(
+            "SELECT coalesce(sent_lsn >= pg_current_wal_lsn(), false)::text \
+             FROM pg_stat_replication WHERE application_name = 'pgwal' OR true LIMIT 1",
+        )
+    };
+    let t0 = Instant::now();
+    while sent(&c) != "true" && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let pid = p.id().to_string();
+    let term = || {
+        assert!(Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success())
+    };
+    term();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        p.try_wait().unwrap().is_none(),
+        "{label}: pgwal ended on the first SIGTERM with its stdout full: the test proves nothing"
+    );
+    term();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = p.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > Duration::from_secs(10) {
+            let _ = p.kill();
+            panic!("{label}: pgwal still runs 10 s after a second SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut p.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(143), "{label}: {err}");
+    assert!(
+        err.contains("SIGTERM again: exiting at once"),
+        "{label}: {err}"
+    );
+    // nothing it could not write was acknowledged: the next run gets the
+    // whole transaction (the slot may have moved while the walsender still
+    // decoded it, as PostgreSQL's own subscriber lets it: never past it)
+    let end = c.query("SELECT pg_current_wal_insert_lsn()");
+    let (ok, out, err) = pgwal(
+        &c,
+        &["stream", "-S", "stuck_slot", "-P", "p", "--stop-lsn", &end],
+    );
+    assert!(ok, "{label}: {err}");
+    let inserts = lines(&out).iter().filter(|v| v["type"] == "insert").count();
+    assert_eq!(
+        inserts, 5000,
+        "{label}: the transaction pgwal could not write out did not come again whole"
+    );
+}

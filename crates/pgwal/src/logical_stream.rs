@@ -89,7 +89,15 @@ impl LogicalStream {
                     if !(e.is_transient() && stream.retry.allows(failures)) {
                         return Err(e);
                     }
-                    tokio::time::sleep(stream.retry.backoff(failures)).await;
+                    let retry_in = stream.retry.backoff(failures);
+                    tracing::warn!(
+                        error = %e,
+                        attempt = failures,
+                        of = %stream.retry.attempts_text(),
+                        ?retry_in,
+                        "cannot start streaming; trying again"
+                    );
+                    tokio::time::sleep(retry_in).await;
                 }
             }
         };

@@ -164,8 +164,14 @@ impl PhysicalReceiver {
             if !(e.is_transient() && pc.retry.allows(failures)) {
                 return Err(e);
             }
-            let backoff = pc.retry.backoff(failures);
-            tracing::warn!(error = %e, attempt = failures, ?backoff, "replication connection failed; reconnecting");
+            let retry_in = pc.retry.backoff(failures);
+            tracing::warn!(
+                error = %e,
+                attempt = failures,
+                of = %pc.retry.attempts_text(),
+                ?retry_in,
+                "replication connection failed; reconnecting"
+            );
             // Resume where this run got to, not from the directory's
             // highest segment (it may hold unrelated later segments).
             let written = self.progress.written();
@@ -174,7 +180,7 @@ impl PhysicalReceiver {
             }
             tokio::select! {
                 _ = shutdown.as_mut() => return Ok(StopReason::Shutdown),
-                _ = tokio::time::sleep(backoff) => {}
+                _ = tokio::time::sleep(retry_in) => {}
             }
         }
     }

@@ -77,6 +77,12 @@ impl RetryConfig {
         Duration::from_secs_f64(d.min(self.max_backoff.as_secs_f64()))
     }
 
+    /// The attempt limit for a log line: a number, or "unlimited".
+    pub(crate) fn attempts_text(&self) -> String {
+        self.max_attempts
+            .map_or_else(|| "unlimited".to_owned(), |n| n.to_string())
+    }
+
     /// Whether another attempt is allowed after `failed` consecutive failures.
     pub fn allows(&self, failed: u32) -> bool {
         self.max_attempts.map_or(true, |m| failed <= m)

@@ -314,11 +314,15 @@ impl Worker {
                     Err(e) => {
                         failures += 1;
                         if e.is_transient() && self.stream.retry.allows(failures) {
-                            tracing::warn!(error = %e, attempt = failures, "reconnect failed; retrying");
-                            if self
-                                .wait_or_shutdown(self.stream.retry.backoff(failures))
-                                .await
-                            {
+                            let retry_in = self.stream.retry.backoff(failures);
+                            tracing::warn!(
+                                error = %e,
+                                attempt = failures,
+                                of = %self.stream.retry.attempts_text(),
+                                ?retry_in,
+                                "reconnect failed; trying again"
+                            );
+                            if self.wait_or_shutdown(retry_in).await {
                                 return;
                             }
                             continue;
@@ -350,11 +354,9 @@ impl Worker {
                         // Events still buffered from this session will be
                         // delivered again by the next one: drop them now.
                         self.shared.generation.fetch_add(1, Ordering::SeqCst);
-                        tracing::warn!(error = %e, "replication session failed; reconnecting");
-                        if self
-                            .wait_or_shutdown(self.stream.retry.backoff(failures))
-                            .await
-                        {
+                        let retry_in = self.stream.retry.backoff(failures);
+                        tracing::warn!(error = %e, ?retry_in, "replication session failed; reconnecting");
+                        if self.wait_or_shutdown(retry_in).await {
                             return;
                         }
                         continue;
