@@ -7,7 +7,7 @@
 //! | 0 | a clean stop: the stop position, Ctrl-C or SIGTERM | – |
 //! | 1 | anything else (e.g. writing the output failed) | maybe |
 //! | 2 | usage or configuration: the options or config file, the connection string, authentication (PostgreSQL or Kafka) or a setting refused | no |
-//! | 3 | the slot cannot be used as asked: missing, invalidated, two-phase (Kafka sink), ahead of what the consumer holds, or not the slot a state file belongs to; or the Kafka sink's progress record is unreadable | no |
+//! | 3 | the slot cannot be used as asked: missing, invalidated, two-phase (Kafka sink), ahead of what the consumer holds, or not the slot a state file belongs to; or the Kafka sink's progress record is unreadable, or names a position the server does not have | no |
 //! | 4 | retries exhausted: PostgreSQL or Kafka stayed unusable longer than pgwal retries | yes |
 //! | 5 | a change that cannot be written faithfully (e.g. an unchanged TOAST value in the Kafka sink), or a transaction that takes longer to write than Kafka's transaction timeout | no |
 
@@ -60,7 +60,9 @@ fn class(e: &(dyn StdError + 'static)) -> u8 {
                 _ => UNWRITABLE,
             },
             SinkError::Avro(_) => UNWRITABLE,
-            SinkError::TwoPhaseSlot { .. } | SinkError::BadProgress(_) => SLOT,
+            SinkError::TwoPhaseSlot { .. }
+            | SinkError::BadProgress(_)
+            | SinkError::ServerLacksKafkaPosition { .. } => SLOT,
             _ => 1,
         };
     }

@@ -142,7 +142,7 @@ impl Collector for SinkCollector {
         gauge(
             &mut e,
             "pgwal_lag_seconds",
-            "At the latest Kafka commit: how long after its last transaction's commit on the server",
+            "How far Kafka is behind the server in time, when scraped: the latest commit's lag, the age of the oldest transaction read but not in Kafka, and while not streaming the time since it stopped",
             l.lag().as_secs_f64(),
         )?;
         Ok(())

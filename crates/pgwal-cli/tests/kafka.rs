@@ -1466,16 +1466,27 @@ fn kafka_sink_silent_peers() {
     let noticed_kafka = wait_for_log(&sink, before, "Kafka failed; starting over", NOTICE_LIMIT);
     // starting over, the sink does not stream: a supervisor's readiness
     // probe says so
+    // and the lag, computed when scraped, grows while nothing reaches
+    // Kafka (it used to keep the last commit's value: an alert on it
+    // would never fire)
     let t0 = Instant::now();
     let mut unready = false;
+    let mut lags = Vec::new();
     while t0.elapsed() < Duration::from_secs(5) {
         let (code, _) = http_get(&metrics_at, "/readyz");
         unready |= code == 503;
+        let (_, m) = http_get(&metrics_at, "/metrics");
+        lags.push((t0.elapsed(), sample(&m, "pgwal_lag_seconds")));
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(
         unready,
         "{label}: /readyz said ready all through the broker's silence"
+    );
+    let (first, last) = (lags[0], lags[lags.len() - 1]);
+    assert!(
+        last.1 - first.1 >= (last.0 - first.0).as_secs_f64() * 0.9,
+        "{label}: pgwal_lag_seconds did not grow with the broker's silence: {lags:?}"
     );
     net.heal(to_kafka);
     let healed = Instant::now();
@@ -3580,5 +3591,190 @@ fn kafka_sink_waits_for_a_progress_partition_without_a_leader() {
     eprintln!(
         "{label}: a restart with the progress partition leaderless tried {tries} sessions, \
          then went on once its broker was back: 50 snapshot rows and 70 inserts, each once"
+    );
+}
+
+/// A second sink started on a slot another one streams from waits for the
+/// slot's lock and fences nobody: the first runs on without a single Kafka
+/// restart, the second takes over when the first stops, and Kafka holds
+/// every change once. (Before the lock, the second's producer fenced the
+/// first before it could own the slot, and the two took turns aborting
+/// each other's transactions.)
+#[test]
+fn kafka_sink_second_instance_waits_without_fencing_the_first() {
+    if !broker::have_java() {
+        eprintln!("NOTICE: no java; the second-instance test is skipped");
+        return;
+    }
+    let Some((label, bin)) = support::servers().into_iter().last() else {
+        panic!("no server");
+    };
+    let _one = one_broker();
+    let b = Broker::start(label);
+    let kafka = broker::sink_args(&b.addr, &[]);
+    let c = Cluster::start(label, &bin, Options::default());
+    let logs = setup_with_reference(&c, label, "second");
+    let load = Load::start(&c);
+
+    let first = start_sink(&c, &kafka, &logs, 0, &[]);
+    first.wait_streaming();
+    wait_progress(&b.addr, &first, &load.over);
+    let mut second = start_sink(&c, &kafka, &logs, 1, &[]);
+    let t0 = Instant::now();
+    while !second.log().contains("another sink holds this slot") {
+        second.assert_running("the second sink");
+        assert_eq!(
+            count_lines(&first.log(), "Kafka failed; starting over"),
+            0,
+            "{label}: the second sink fenced the first:\n{}\nthe second:\n{}",
+            first.log(),
+            second.log()
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{label}: the second sink never said it waits for the slot:\n{}",
+            second.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // a while of both running: the first keeps committing, unfenced
+    let waited = Instant::now();
+    for _ in 0..3 {
+        wait_progress(&b.addr, &first, &load.over);
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    let waited = waited.elapsed();
+    assert_eq!(
+        count_lines(&first.log(), "Kafka failed; starting over"),
+        0,
+        "{label}: the first sink started over while the second waited (fenced?):\n{}",
+        first.log()
+    );
+    assert!(
+        !second.log().contains("streaming into Kafka"),
+        "{label}: the second sink streamed while the first held the slot:\n{}",
+        second.log()
+    );
+    // the first stops; the second takes the slot and goes on from Kafka
+    let (ok, log) = first.terminate();
+    assert!(ok, "{label}: the first sink failed on SIGTERM:\n{log}");
+    let stopped = Instant::now();
+    second.wait_streaming();
+    let took_over = stopped.elapsed();
+    assert!(
+        second.log().contains("this sink takes over"),
+        "{label}:\n{}",
+        second.log()
+    );
+    wait_progress(&b.addr, &second, &load.over);
+    let rounds = load.finish();
+    let (ok, log) = second.terminate();
+    assert!(ok, "{label}: the second sink failed on SIGTERM:\n{log}");
+    let end: Lsn = c.query("SELECT pg_current_wal_lsn()").parse().unwrap();
+    let (ok, last_log) = start_sink(&c, &kafka, &logs, 2, &["--stop-lsn", &end.to_string()])
+        .wait(Duration::from_secs(300));
+    assert!(ok, "{label}: the catch-up run failed:\n{last_log}");
+    let (committed, _) = check_exactly_once(label, &c, &b.addr, end);
+    let _ = std::fs::remove_dir_all(&logs);
+    eprintln!(
+        "{label}: {rounds} load rounds, {committed} records, 0 duplicates; the second sink \
+         waited {:.1} s beside the first without a restart of either, and streamed {:.1} s \
+         after the first stopped",
+        waited.as_secs_f64(),
+        took_over.as_secs_f64()
+    );
+}
+
+/// A standby promoted before it received everything the sink wrote (no
+/// `synchronized_standby_slots`): Kafka holds the stream on timeline 1
+/// beyond the point where the standby's timeline 2 forked. Started against
+/// it, the sink refuses (exit 3) instead of starting at Kafka's position
+/// and skipping the new primary's transactions below it: first while the
+/// promoted server's WAL is still short of Kafka's position, then again
+/// once it has written past it, which only the timeline tells.
+#[test]
+fn kafka_sink_refuses_a_server_without_kafkas_position() {
+    if !broker::have_java() {
+        eprintln!("NOTICE: no java; the timeline test is skipped");
+        return;
+    }
+    let Some((label, bin)) = support::servers().into_iter().last() else {
+        panic!("no server");
+    };
+    let _one = one_broker();
+    let b = Broker::start(label);
+    let kafka = broker::sink_args(&b.addr, &[]);
+    let (primary, logs) = cluster_with_kslot(label, &bin, "timeline");
+    let standby = primary.standby("to_standby", &[]);
+    let load = Load::start(&primary);
+    let sink = start_sink(&primary, &kafka, &logs, 0, &[]);
+    sink.wait_streaming();
+    wait_progress(&b.addr, &sink, &load.over);
+    // the standby stops receiving; the sink writes on
+    standby.psql("ALTER SYSTEM SET primary_conninfo = ''; SELECT pg_reload_conf();");
+    let t0 = Instant::now();
+    while standby.query("SELECT count(*) FROM pg_stat_wal_receiver") != "0" {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "{label}: the walreceiver runs on"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let fork: Lsn = standby
+        .query("SELECT pg_last_wal_receive_lsn()")
+        .parse()
+        .unwrap();
+    while kafka_progress(&b.addr).is_none_or(|k| k.0 < fork.0 + (1 << 20)) {
+        wait_progress(&b.addr, &sink, &load.over);
+        assert!(
+            !load.over.load(Ordering::SeqCst),
+            "{label}: the load ended first"
+        );
+    }
+    load.finish();
+    let (ok, log) = sink.terminate();
+    assert!(ok, "{label}: the sink failed on SIGTERM:\n{log}");
+    let kafka_at = kafka_progress(&b.addr).unwrap();
+    primary.crash();
+    standby.promote();
+    standby.psql("SELECT pg_create_logical_replication_slot('kslot', 'pgoutput')");
+    let refused = |n: usize| {
+        let (code, log) =
+            start_sink(&standby, &kafka, &logs, n, &[]).wait_code(Duration::from_secs(120));
+        assert_eq!(
+            code,
+            Some(3),
+            "{label}: the sink against the promoted standby (forked at {fork}, Kafka at \
+             {kafka_at}) did not refuse:\n{log}"
+        );
+        assert!(log.contains("which this server does not have"), "{log}");
+        log
+    };
+    // its WAL ends below Kafka's position
+    let below = standby.insert_lsn();
+    assert!(below < kafka_at, "{label}: {below} {kafka_at}");
+    let log = refused(1);
+    assert!(log.contains("on timeline 1"), "{log}");
+    // it writes past Kafka's position: only the timeline tells now
+    let t0 = Instant::now();
+    while standby.insert_lsn() <= kafka_at {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{label}: WAL did not grow"
+        );
+        standby.psql("INSERT INTO scratch SELECT g, g FROM generate_series(1, 10000) g ON CONFLICT (id) DO UPDATE SET v = scratch.v + 1");
+    }
+    let log = refused(2);
+    assert!(log.contains("and it left that timeline at"), "{log}");
+    // nothing was acknowledged on the new primary's slot
+    let slot: Lsn = standby
+        .query("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'kslot'")
+        .parse()
+        .unwrap();
+    assert!(slot < kafka_at, "{label}: the slot moved to {slot}");
+    let _ = std::fs::remove_dir_all(&logs);
+    eprintln!(
+        "{label}: the standby forked at {fork} (timeline 2), Kafka held timeline 1 up to \
+         {kafka_at}; the sink refused it with its WAL at {below} and again past it"
     );
 }

@@ -23,7 +23,9 @@ pub mod producer;
 pub mod progress;
 pub mod registry;
 pub mod routing;
+mod server_history;
 pub mod sink;
+mod slot_lock;
 pub mod snapshot;
 mod spill;
 

@@ -4,11 +4,11 @@
 //! [`SinkConfig::live`]: crate::SinkConfig::live
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use pgwal_protocol::Lsn;
+use pgwal_protocol::{Lsn, PgTimestamp};
 
 /// Counters and positions of a running sink. All counts are since the
 /// process started, across the sink's restarts.
@@ -29,13 +29,20 @@ pub struct SinkLive {
     confirmed: AtomicU64,
     server_end: AtomicU64,
     lag_micros: AtomicU64,
+    /// The server's commit time of the oldest transaction read but not yet
+    /// in Kafka (0: none).
+    unwritten_since: AtomicI64,
+    /// Since when the sink has not been streaming (None: it streams).
+    stalled_since: Mutex<Option<Instant>>,
     by_topic: Mutex<HashMap<String, u64>>,
 }
 
 impl SinkLive {
     /// A sink that has not started.
     pub fn new() -> SinkLive {
-        SinkLive::default()
+        let live = SinkLive::default();
+        *live.stalled_since.lock().expect("not poisoned") = Some(Instant::now());
+        live
     }
 
     /// Whether the sink streams now: its producer is connected, Kafka's
@@ -103,10 +110,28 @@ impl SinkLive {
             .0
             .saturating_sub(self.kafka_position().0.max(self.confirmed().0))
     }
-    /// At the latest Kafka commit: how long after its last PostgreSQL
-    /// transaction's commit on the server.
+    /// How far Kafka is behind the server, in time, computed when asked:
+    /// so it grows while the sink is stuck, and an alert on it fires.
+    ///
+    /// It is the largest of: at the latest Kafka commit, how long after its
+    /// last PostgreSQL transaction's commit on the server; the age of the
+    /// oldest transaction read but not yet in Kafka; and, while the sink is
+    /// not streaming (connecting, or between a failure and the next start),
+    /// that latest lag plus the time since it stopped, because it cannot
+    /// see what the server commits meanwhile. Ages use the server's commit
+    /// timestamps against this machine's clock.
     pub fn lag(&self) -> Duration {
-        Duration::from_micros(self.lag_micros.load(Ordering::Relaxed))
+        let at_commit = Duration::from_micros(self.lag_micros.load(Ordering::Relaxed));
+        let oldest = match self.unwritten_since.load(Ordering::Relaxed) {
+            0 => Duration::ZERO,
+            t => Duration::from_micros(PgTimestamp::now().0.saturating_sub(t).max(0) as u64),
+        };
+        let stalled = self
+            .stalled_since
+            .lock()
+            .expect("not poisoned")
+            .map_or(Duration::ZERO, |s| at_commit + s.elapsed());
+        at_commit.max(oldest).max(stalled)
     }
     /// Records written, by topic.
     pub fn records_by_topic(&self) -> Vec<(String, u64)> {
@@ -118,6 +143,20 @@ impl SinkLive {
 
     pub(crate) fn set_streaming(&self, v: bool) {
         self.streaming.store(v, Ordering::Relaxed);
+        let mut since = self.stalled_since.lock().expect("not poisoned");
+        match (v, *since) {
+            (true, _) => *since = None,
+            (false, None) => *since = Some(Instant::now()),
+            (false, Some(_)) => {}
+        }
+    }
+    /// A transaction was read: its commit time, unless an older one is
+    /// still not in Kafka.
+    pub(crate) fn read_transaction(&self, commit_time: PgTimestamp) {
+        let t = commit_time.0.max(1);
+        let _ = self
+            .unwritten_since
+            .compare_exchange(0, t, Ordering::Relaxed, Ordering::Relaxed);
     }
     pub(crate) fn transaction(&self) {
         self.transactions.fetch_add(1, Ordering::Relaxed);
@@ -133,7 +172,17 @@ impl SinkLive {
             }
         }
     }
-    pub(crate) fn kafka_commit(&self, took: Duration, position: Lsn, lag: Option<Duration>) {
+    /// A Kafka commit completed; `next_unwritten` is the commit time of the
+    /// first transaction read after it, if any.
+    pub(crate) fn kafka_commit(
+        &self,
+        took: Duration,
+        position: Lsn,
+        lag: Option<Duration>,
+        next_unwritten: Option<PgTimestamp>,
+    ) {
+        self.unwritten_since
+            .store(next_unwritten.map_or(0, |t| t.0.max(1)), Ordering::Relaxed);
         self.kafka_commits.fetch_add(1, Ordering::Relaxed);
         let us = took.as_micros() as u64;
         self.commit_micros.fetch_add(us, Ordering::Relaxed);
@@ -163,5 +212,48 @@ impl SinkLive {
         }
         self.confirmed.store(confirmed.0, Ordering::Relaxed);
         self.server_end.store(server_end.0, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lag_grows_while_a_transaction_waits_and_while_the_sink_is_stalled() {
+        let live = SinkLive::new();
+        live.set_streaming(true);
+        assert_eq!(live.lag(), Duration::ZERO);
+        // a commit 5 s ago on the server, read but not yet in Kafka
+        let five_ago = PgTimestamp(PgTimestamp::now().0 - 5_000_000);
+        live.read_transaction(five_ago);
+        // a later one does not make the oldest younger
+        live.read_transaction(PgTimestamp::now());
+        assert!(live.lag() >= Duration::from_secs(5), "{:?}", live.lag());
+        // in Kafka now, 40 ms after its commit; nothing read after it
+        live.kafka_commit(
+            Duration::from_millis(3),
+            Lsn(100),
+            Some(Duration::from_millis(40)),
+            None,
+        );
+        assert_eq!(live.lag(), Duration::from_millis(40));
+        // the sink stops streaming (Kafka failed): it can no longer see
+        // what commits, so the lag grows with the time since
+        live.set_streaming(false);
+        std::thread::sleep(Duration::from_millis(30));
+        let stalled = live.lag();
+        assert!(stalled >= Duration::from_millis(70), "{stalled:?}");
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(live.lag() > stalled);
+        live.set_streaming(true);
+        assert_eq!(live.lag(), Duration::from_millis(40));
+    }
+
+    #[test]
+    fn a_sink_that_never_streamed_is_behind_since_it_started() {
+        let live = SinkLive::new();
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(live.lag() >= Duration::from_millis(20));
     }
 }

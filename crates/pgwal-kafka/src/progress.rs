@@ -29,6 +29,11 @@ pub struct Progress {
     /// Kafka holds every PostgreSQL transaction that ends at or before it.
     #[serde(with = "lsn_text")]
     pub end_lsn: Lsn,
+    /// The server's timeline `end_lsn` is on (absent in records written
+    /// before it was recorded): a later start refuses a server whose
+    /// history does not contain the position (see `server_history`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<u32>,
     /// The snapshot in progress, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<SnapshotCursor>,
@@ -39,6 +44,7 @@ impl Progress {
     pub fn at(end_lsn: Lsn) -> Progress {
         Progress {
             end_lsn,
+            timeline: None,
             snapshot: None,
         }
     }
@@ -89,6 +95,7 @@ mod tests {
         assert_eq!(parse(b"{}"), None);
         let p = Progress {
             end_lsn: l,
+            timeline: Some(2),
             snapshot: Some(SnapshotCursor::new(vec!["public.t".into(), "s.u".into()])),
         };
         assert_eq!(parse_progress(&value_of(&p)), Some(p.clone()));

@@ -20,7 +20,10 @@
 //!   record lies before it: those that the slot, acknowledged only after
 //!   Kafka's commit, sends again.
 //! - A new producer with the same transactional id fences the old one;
-//!   the broker aborts whatever the old one left open.
+//!   the broker aborts whatever the old one left open. A session starts
+//!   its producer only once it holds the slot's lock (the `slot_lock`
+//!   module), so a second sink on the same slot waits instead of fencing
+//!   the one that streams.
 //! - A reconnect of the stream (which restarts at the acknowledged
 //!   position) aborts the open Kafka transaction, whose PostgreSQL
 //!   transactions then come again.
@@ -60,6 +63,8 @@ use crate::producer::{KafkaProducer, ProducerConfig, ProducerError};
 use crate::progress::{self, Progress};
 use crate::registry::RegistryConfig;
 use crate::routing::Routing;
+use crate::server_history::{self, ServerPosition, Verdict};
+use crate::slot_lock::SlotLock;
 use crate::snapshot::{self, Chunk, SnapshotCursor, SnapshotError};
 use crate::spill::Spill;
 
@@ -264,6 +269,30 @@ pub enum SinkError {
         /// The slot's name.
         slot: String,
     },
+    /// Kafka holds the stream up to a position this server does not have:
+    /// beyond its WAL, or on a timeline it left below that position (a
+    /// standby promoted before it received everything the sink wrote, a
+    /// restore from a backup). Starting there would skip this server's own
+    /// transactions below it.
+    #[error(
+        "Kafka holds slot {slot}'s stream up to {kafka}{}, which this server does not have          (its WAL ends at {server} on timeline {server_timeline}{}); starting there would skip          this server's transactions below it. This follows a restore from a backup, or a          promotion of a standby that had not received everything the sink wrote (use failover          slots with synchronized_standby_slots). Point the sink at the server that has the          position; or, to stream this server's history as it is, give the sink a new slot          (or a new --kafka-progress-topic)",
+        .kafka_timeline.map(|t| format!(" on timeline {t}")).unwrap_or_default(),
+        .fork.map(|f| format!(", and it left that timeline at {f}")).unwrap_or_default()
+    )]
+    ServerLacksKafkaPosition {
+        /// The slot's name.
+        slot: String,
+        /// Kafka's position.
+        kafka: Lsn,
+        /// Its timeline, if the progress record has one.
+        kafka_timeline: Option<u32>,
+        /// The WAL the server has.
+        server: Lsn,
+        /// The server's timeline.
+        server_timeline: u32,
+        /// Where the server left Kafka's timeline, if it was on it.
+        fork: Option<Lsn>,
+    },
     /// The open Kafka transaction has been open for most of
     /// `transaction.timeout.ms`: the broker's coordinator would abort it,
     /// and the same PostgreSQL transaction would be written again and
@@ -407,12 +436,17 @@ pub async fn run(
     // after pgwal got through once (a certificate rotated, a broker
     // restarting) is retried like any Kafka error.
     let mut ever_connected = false;
+    let mut slot_lock: Option<SlotLock> = None;
     loop {
         let (result, connected) = {
             let mut session = Session::new(&sink, &mut stats);
             session.messages = messages;
             session.avro = avro.as_mut();
+            // kept from one session to the next: a restart after a Kafka
+            // error does not hand the slot to a waiting sink
+            session.slot_lock = slot_lock.take();
             let r = session.run(&pg, &stream, &pcfg, &mut stop).await;
+            slot_lock = session.slot_lock.take();
             (r, session.connected)
         };
         ever_connected |= connected;
@@ -520,6 +554,9 @@ struct Session<'a> {
     tx_commit_time: Option<PgTimestamp>,
     /// When the commit in flight started, and `tx_commit_time` then.
     commit_started: Option<(Instant, Option<PgTimestamp>)>,
+    /// The commit time of the open Kafka transaction's first PostgreSQL
+    /// transaction: the oldest not in Kafka once the commit in flight is.
+    batch_first_commit_time: Option<PgTimestamp>,
     skip_current: bool,
     /// Streamed transactions in progress, and the one whose block is open.
     streamed: HashMap<u32, Spill>,
@@ -540,6 +577,11 @@ struct Session<'a> {
     keys: KeyColumns,
     pg: Option<Config>,
     catalog: Option<ReplicationClient>,
+    /// The slot's lock ([`crate::slot_lock`]), taken before the producer
+    /// may fence anyone.
+    slot_lock: Option<SlotLock>,
+    /// The server's timeline, recorded with each position written.
+    timeline: Option<u32>,
     /// The stream's receive timeout, which bounds each lookup too.
     lookup_timeout: Option<Duration>,
     /// The stream carries logical messages (snapshots' watermarks and
@@ -590,6 +632,7 @@ impl<'a> Session<'a> {
             failed_streamed: HashMap::new(),
             order: TxOrder::new(),
             tx_commit_time: None,
+            batch_first_commit_time: None,
             commit_started: None,
             skip_current: false,
             streamed: HashMap::new(),
@@ -604,6 +647,8 @@ impl<'a> Session<'a> {
             keys: sink.key_columns.clone(),
             pg: None,
             catalog: None,
+            slot_lock: None,
+            timeline: None,
             lookup_timeout: None,
             messages: false,
             publications: Vec::new(),
@@ -676,6 +721,62 @@ impl<'a> Session<'a> {
             self.catalog = Some(ReplicationClient::connect_sql(pg).await?);
         }
         Ok(self.catalog.as_mut().expect("just connected"))
+    }
+
+    /// Where the server stands: its timeline, its WAL, whether a standby.
+    async fn server_position(&self) -> Result<ServerPosition, pgwal::Error> {
+        let pg = self.pg.as_ref().expect("set when the session starts");
+        let mut c = ReplicationClient::connect(pg).await?;
+        let id = c.identify_system().await?;
+        let rows = c.simple_query("SELECT pg_is_in_recovery()").await?;
+        Ok(ServerPosition {
+            timeline: id.timeline,
+            wal: id.xlog_pos,
+            in_recovery: rows.first().and_then(|r| r.get_index(0)) == Some("t"),
+        })
+    }
+
+    /// The server, once it has Kafka's position on its history: a standby
+    /// still behind it is waited for; a server that cannot have it is
+    /// refused ([`SinkError::ServerLacksKafkaPosition`]).
+    async fn server_with(&self, kafka: Option<&Progress>) -> Result<ServerPosition, Failure> {
+        let mut said: Option<Instant> = None;
+        loop {
+            let server = self.server_position().await?;
+            let Some(p) = kafka else { return Ok(server) };
+            let history = match p.timeline {
+                Some(t) if t != server.timeline && server.timeline > 1 => {
+                    let pg = self.pg.as_ref().expect("set when the session starts");
+                    let mut c = ReplicationClient::connect(pg).await?;
+                    Some(c.timeline_history(server.timeline).await?)
+                }
+                _ => None,
+            };
+            match server_history::check(p.end_lsn, p.timeline, &server, history.as_ref()) {
+                Verdict::Holds => return Ok(server),
+                Verdict::StandbyBehind => {
+                    if said.is_none_or(|t| t.elapsed() >= Duration::from_secs(30)) {
+                        said = Some(Instant::now());
+                        tracing::info!(kafka = %p.end_lsn, standby = %server.wal, "the standby has not yet received Kafka's position; waiting for it");
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                verdict @ (Verdict::BeyondServer | Verdict::OffHistory { .. }) => {
+                    let fork = match verdict {
+                        Verdict::OffHistory { fork } => fork,
+                        _ => None,
+                    };
+                    return Err(Failure::Other(SinkError::ServerLacksKafkaPosition {
+                        slot: self.slot.clone(),
+                        kafka: p.end_lsn,
+                        kafka_timeline: p.timeline,
+                        server: server.wal,
+                        server_timeline: server.timeline,
+                        fork,
+                    }));
+                }
+            }
+        }
     }
 
     /// Every published table, for `--snapshot` on a stream Kafka holds
@@ -948,6 +1049,20 @@ impl<'a> Session<'a> {
         self.pg = Some(pg.clone());
         self.lookup_timeout = stream_cfg.receive_timeout;
         self.slot.clone_from(&stream_cfg.slot);
+        // One sink per slot: the slot's lock first, then the producer, whose
+        // start fences the transactional id's earlier producers. A second
+        // sink waits here and fences nobody.
+        if let Some(lock) = &mut self.slot_lock {
+            if !lock.held().await {
+                self.slot_lock = None;
+            }
+        }
+        if self.slot_lock.is_none() {
+            self.slot_lock = Some(tokio::select! {
+                l = SlotLock::acquire(pg, &stream_cfg.slot, &stream_cfg.retry) => l?,
+                _ = &mut *stop => return Ok(()),
+            });
+        }
         // a stop before streaming began leaves nothing to finish
         let mut producer = tokio::select! {
             p = KafkaProducer::connect(pcfg.clone()) => p.map_err(|e| self.kafka(e))?,
@@ -958,6 +1073,13 @@ impl<'a> Session<'a> {
             c = producer.committed_progress() => c.map_err(|e| self.kafka(e))?,
             _ = &mut *stop => return Ok(()),
         };
+        // the server must have what Kafka holds, or the stream would start
+        // past this server's own transactions below Kafka's position
+        let server = tokio::select! {
+            s = self.server_with(progress.as_ref()) => s?,
+            _ = &mut *stop => return Ok(()),
+        };
+        self.timeline = Some(server.timeline);
         let committed = progress.as_ref().map(|p| p.end_lsn);
         self.stats.position = committed;
         self.publications = stream_cfg.publications.clone();
@@ -1136,6 +1258,7 @@ impl<'a> Session<'a> {
                     self.stats.transactions += 1;
                     self.sink.live.transaction();
                     self.tx_commit_time = Some(c.commit_time);
+                    self.read_transaction(c.commit_time);
                     self.transaction_done(c.end_lsn, producer).await?;
                 }
             }
@@ -1215,6 +1338,7 @@ impl<'a> Session<'a> {
                 self.stats.transactions += 1;
                 self.sink.live.transaction();
                 self.tx_commit_time = Some(c.commit_time);
+                self.read_transaction(c.commit_time);
                 self.transaction_done(c.end_lsn, producer).await?;
             }
             // delivered only between transactions (the stream holds it back
@@ -1232,6 +1356,15 @@ impl<'a> Session<'a> {
             Event::Reconnected { restart_lsn } => {
                 // everything after the acknowledged position comes again
                 tracing::info!(%restart_lsn, "stream reconnected; aborting the open Kafka transaction");
+                // perhaps to a promoted standby: what comes now is on its
+                // timeline
+                self.timeline = match self.server_position().await {
+                    Ok(s) => Some(s.timeline),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the server's timeline is not known; positions are written without it");
+                        None
+                    }
+                };
                 self.sink.live.reconnect();
                 // what the commit in flight holds is complete; what came
                 // after it comes again
@@ -1537,7 +1670,9 @@ impl<'a> Session<'a> {
         };
         let lag = commit_time
             .map(|t| Duration::from_micros(PgTimestamp::now().0.saturating_sub(t.0).max(0) as u64));
-        self.sink.live.kafka_commit(took, end, lag);
+        self.sink
+            .live
+            .kafka_commit(took, end, lag, self.batch_first_commit_time);
         self.stats.position = Some(end);
         self.snapshot_committed = self.snapshot_in_flight.take();
         self.written = end;
@@ -1562,6 +1697,13 @@ impl<'a> Session<'a> {
         }
         self.await_commit(producer, false).await?;
         producer.abort().await.map_err(|e| self.kafka(e))
+    }
+
+    /// A transaction was read whole and goes into the open Kafka
+    /// transaction: the lag counts from its commit until Kafka holds it.
+    fn read_transaction(&mut self, commit_time: PgTimestamp) {
+        self.batch_first_commit_time.get_or_insert(commit_time);
+        self.sink.live.read_transaction(commit_time);
     }
 
     async fn transaction_done(
@@ -1593,6 +1735,7 @@ impl<'a> Session<'a> {
         let end = self.pending_end.take().expect("checked");
         let p = Progress {
             end_lsn: end,
+            timeline: self.timeline,
             snapshot: self.snapshot.clone(),
         };
         let c = producer
@@ -1602,6 +1745,7 @@ impl<'a> Session<'a> {
         self.snapshot_in_flight = p.snapshot;
         self.committing = Some((Box::pin(c), end));
         self.commit_started = Some((Instant::now(), self.tx_commit_time));
+        self.batch_first_commit_time = None;
         self.batch_bytes = 0;
         self.batch_records = 0;
         self.batch_since = None;

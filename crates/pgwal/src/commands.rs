@@ -119,6 +119,39 @@ pub struct TimelineHistory {
     pub content: String,
 }
 
+impl TimelineHistory {
+    /// A history with this file content (`filename` left empty).
+    pub fn from_content(content: impl Into<String>) -> TimelineHistory {
+        TimelineHistory {
+            filename: String::new(),
+            content: content.into(),
+        }
+    }
+
+    /// Where `timeline` ended, as this history says (the first position
+    /// of the timeline that followed it); `None` when the history does not
+    /// name it: the history's own timeline, which has not ended, or one it
+    /// never passed through. Lines that are not `timeline<TAB>X/Y<TAB>reason`
+    /// (comments, blank lines) are skipped, as the server skips them.
+    ///
+    /// ```
+    /// let h = pgwal::TimelineHistory::from_content(
+    ///     "1\t0/3000160\tno recovery target specified\n\n2\t0/5000028\tafter a crash\n",
+    /// );
+    /// assert_eq!(h.switchpoint(1), Some("0/3000160".parse().unwrap()));
+    /// assert_eq!(h.switchpoint(2), Some("0/5000028".parse().unwrap()));
+    /// assert_eq!(h.switchpoint(3), None);
+    /// ```
+    pub fn switchpoint(&self, timeline: u32) -> Option<Lsn> {
+        self.content.lines().find_map(|line| {
+            let mut f = line.split_whitespace();
+            let tli: u32 = f.next()?.parse().ok()?;
+            let lsn: Lsn = f.next()?.parse().ok()?;
+            (tli == timeline).then_some(lsn)
+        })
+    }
+}
+
 /// Where the server continues after a timeline ended (the result set that
 /// follows the end of `START_REPLICATION PHYSICAL` on a historic timeline).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
