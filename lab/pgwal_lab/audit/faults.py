@@ -421,19 +421,32 @@ def _runs_on(pid: int, datadir: Path) -> bool:
     return str(datadir).encode() in cmd and _alive(pid)
 
 
+# a rewind cut's moment at or above this: the power loss comes the moment
+# pg_rewind ended (waited for up to this long), before the node started
+REWIND_CUT_AFTER_END_MS = 10_000
+
+
 def rewind_cut(node, source, moment_ms: int) -> dict:
     """Start pg_rewind of a crashed former primary against `source` and cut
     it `moment_ms` later with a power loss of the node's host: every process
     of the run (pg_rewind, and the single-user server it starts for the
     target's crash recovery) is stopped, then killed, and what it wrote and
-    did not sync is lost (power.undo).  Returns what the cut found: whether
-    pg_rewind had already ended, and the undo statistics."""
+    did not sync is lost (power.undo).  A moment of REWIND_CUT_AFTER_END_MS
+    or more cuts the moment pg_rewind ended instead: a finished target, not
+    started.  Returns what the cut found: whether pg_rewind had already
+    ended, and the undo statistics."""
     source.sql("CHECKPOINT")
     cmd = [node.bin("pg_rewind"), "-D", node.datadir, "--source-server",
            f"host={source.sockdir} port={source.port} user=postgres dbname=postgres"]
     p = popen(cmd, env={**os.environ, **{k: str(v) for k, v in node.env().items()}}, netns=node.netns,
               as_pg=True)
-    time.sleep(moment_ms / 1000)
+    if moment_ms >= REWIND_CUT_AFTER_END_MS:
+        try:
+            p.wait(timeout=moment_ms / 1000)
+        except subprocess.TimeoutExpired:
+            pass
+    else:
+        time.sleep(moment_ms / 1000)
     ended = p.poll()
     # its own process group (popen starts a session): stopped as one, so
     # that nothing of it writes between the first stop and the kill

@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from ..audit.faults import REWIND_CUT_AFTER_END_MS
 from ..util import LabError
 
 # kind -> (weight, what it does); the docs' table is built from this
@@ -34,9 +35,9 @@ KINDS = {
     "failover-both": (1, "as failover, but the standby loses power together with the primary: it restarts "
                          "(crash recovery of its own WAL) before it is promoted"),
     "rejoin": (0, "a former primary rewound (pg_rewind) and started as a standby of the primary"),
-    "rewind-power": (0, "as rejoin, but the host of the former primary loses power the moment after pg_rewind "
-                        "started (its writes not yet synced are lost; the rewind is cut short, or had just "
-                        "ended and the node was not started yet); then what a cluster manager does: pg_rewind "
+    "rewind-power": (0, "as rejoin, but the host of the former primary loses power while pg_rewind runs "
+                        "(its writes not yet synced are lost; the rewind is cut short), or, half of the time, "
+                        "the moment it ended, before the node started; then what a cluster manager does: pg_rewind "
                         "again, or, where that refuses, a base backup of the primary.  The node must then "
                         "stream and hold the primary's rows.  Drawn as a third of the rejoins drawn"),
     "partition": (1, "a standby's link cut for the moment (connections reset, reconnects refused), then healed"),
@@ -93,7 +94,10 @@ ONE_WAY_MS = (1100, 2500)
 # how long a paused-failover's old primary runs as a zombie before its fence
 ZOMBIE_S = 0.5
 # how long pg_rewind runs before its host loses power (it takes about
-# 0.3-0.5 s here: some cuts fall after its end, before the node started)
+# 0.3-0.5 s here: some cuts fall after its end, before the node started);
+# half of the cuts come the moment it ended instead (REWIND_CUT_AFTER_END_MS),
+# which a timed cut reached in 5% of them: a finished target rewound again
+# is what 0019 refuses, and a mutant without the refusal went unseen
 REWIND_CUT_MS = (0, 600)
 # the steps that are faults (a history of N faults counts these)
 FAULTS = CRASHES + ("partition", "pause", "io-stall", "disk-full", "rewind-power")
@@ -188,7 +192,8 @@ def next_step(rng: random.Random, st: State, levels: list[str], load_ms=(300, 15
         # their own, so that a seed's other draws stay as they were)
         side = random.Random(load * 104_729 + 11)
         if side.random() < 1 / 3:
-            return Step("rewind-power", (st.down[0],), level, load, side.randint(*REWIND_CUT_MS))
+            moment = side.randint(*REWIND_CUT_MS) if side.random() < 0.5 else REWIND_CUT_AFTER_END_MS
+            return Step("rewind-power", (st.down[0],), level, load, moment)
         return Step("rejoin", (st.down[0],), level, load)
     kinds = [k for k, (w, _) in KINDS.items() for _ in range(w)]
     while True:
