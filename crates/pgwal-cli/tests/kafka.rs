@@ -3169,6 +3169,7 @@ const CLUSTER_TXN_ID: &str = "pgwal-cluster-test";
 /// again; after 180 s the cluster's state and pgwal's log are shown.
 fn wait_progress_past(
     k: &KafkaCluster,
+    progress_partition: i32,
     before: Option<Lsn>,
     sink: &Sink,
     load_over: &AtomicBool,
@@ -3202,7 +3203,7 @@ fn wait_progress_past(
             "{what}: Kafka's progress stayed at {before:?} for 180 s (the last read: {last}); \
              the progress partition's leader and in-sync replicas: {:?}, the data partition's: {:?}; \
              pgwal's log:\n{}",
-            k.leader(PROGRESS),
+            k.partition_leader(PROGRESS, progress_partition),
             k.leader(&topic("items")),
             sink.log()
         );
@@ -3212,18 +3213,18 @@ fn wait_progress_past(
 
 /// Waits until `topic`'s partition has a leader and all three replicas in
 /// sync: the state every fault starts from.
-fn wait_healthy(k: &KafkaCluster, topic: &str) {
+fn wait_healthy(k: &KafkaCluster, topic: &str, partition: i32) {
     let t0 = Instant::now();
     loop {
-        if let Some((_, isr)) = k.leader(topic) {
+        if let Some((_, isr)) = k.partition_leader(topic, partition) {
             if isr.len() == 3 {
                 return;
             }
         }
         assert!(
             t0.elapsed() < Duration::from_secs(120),
-            "{topic}: not all three replicas in sync within 120 s ({:?})",
-            k.leader(topic)
+            "{topic} [{partition}]: not all three replicas in sync within 120 s ({:?})",
+            k.partition_leader(topic, partition)
         );
         std::thread::sleep(Duration::from_millis(300));
     }
@@ -3278,8 +3279,14 @@ fn exactly_once_on_three_brokers(label: &'static str, bin: &Path, seed: u64, fau
     let load_over = load.over.clone();
     wait_progress(&k.addr, &sink, &load_over);
     let data = topic("items");
-    wait_healthy(&k, PROGRESS);
-    wait_healthy(&k, &data);
+    // the progress topic's partition this stream writes to
+    let sysid = c.query("SELECT system_identifier FROM pg_control_system()");
+    let pp = pgwal_kafka::progress::partition(
+        &pgwal_kafka::progress::key(sysid.trim(), "kslot"),
+        k.partitions(PROGRESS),
+    );
+    wait_healthy(&k, PROGRESS, pp);
+    wait_healthy(&k, &data, 0);
     phase("streaming into Kafka");
     let plan = draw_faults(seed, faults);
     // how often a restarted pgwal found the progress partition's end
@@ -3289,29 +3296,29 @@ fn exactly_once_on_three_brokers(label: &'static str, bin: &Path, seed: u64, fau
         let what = format!("{label} fault {i} ({fault:?})");
         let before = kafka_progress(&k.addr);
         let (progress_leader, _) = k
-            .leader(PROGRESS)
+            .partition_leader(PROGRESS, pp)
             .expect("the progress partition has a leader");
         match fault {
             BrokerFault::KillProgressLeader | BrokerFault::KillDataLeader => {
-                let t = if *fault == BrokerFault::KillDataLeader {
-                    data.as_str()
+                let (t, partition) = if *fault == BrokerFault::KillDataLeader {
+                    (data.as_str(), 0)
                 } else {
-                    PROGRESS
+                    (PROGRESS, pp)
                 };
-                let (leader, _) = k.leader(t).unwrap();
+                let (leader, _) = k.partition_leader(t, partition).unwrap();
                 k.kill(leader);
-                wait_progress_past(&k, before, &sink, &load_over, &what);
+                wait_progress_past(&k, pp, before, &sink, &load_over, &what);
                 k.restart(leader);
             }
             BrokerFault::PauseProgressLeader => {
                 k.pause(progress_leader);
                 std::thread::sleep(Duration::from_secs(12));
                 k.resume(progress_leader);
-                wait_progress_past(&k, before, &sink, &load_over, &what);
+                wait_progress_past(&k, pp, before, &sink, &load_over, &what);
             }
             BrokerFault::StopProgressLeader => {
                 k.stop(progress_leader);
-                wait_progress_past(&k, before, &sink, &load_over, &what);
+                wait_progress_past(&k, pp, before, &sink, &load_over, &what);
                 k.restart(progress_leader);
             }
             BrokerFault::KillActiveController => {
@@ -3319,7 +3326,7 @@ fn exactly_once_on_three_brokers(label: &'static str, bin: &Path, seed: u64, fau
                     .active_controller()
                     .expect("a controller leads the quorum");
                 k.kill(active);
-                wait_progress_past(&k, before, &sink, &load_over, &what);
+                wait_progress_past(&k, pp, before, &sink, &load_over, &what);
                 k.restart(active);
             }
             BrokerFault::BelowMinInsync => {
@@ -3331,15 +3338,15 @@ fn exactly_once_on_three_brokers(label: &'static str, bin: &Path, seed: u64, fau
                 std::thread::sleep(Duration::from_secs(8));
                 let stalled = kafka_progress(&k.addr);
                 k.restart(a);
-                wait_progress_past(&k, stalled.max(before), &sink, &load_over, &what);
+                wait_progress_past(&k, pp, stalled.max(before), &sink, &load_over, &what);
                 k.restart(b);
             }
             BrokerFault::MoveLeaders => {
                 let to = progress_leader % 3 + 1;
-                k.move_leader(PROGRESS, to);
+                k.move_partition_leader(PROGRESS, pp, to);
                 let (data_leader, _) = k.leader(&data).unwrap();
                 k.move_leader(&data, data_leader % 3 + 1);
-                wait_progress_past(&k, before, &sink, &load_over, &what);
+                wait_progress_past(&k, pp, before, &sink, &load_over, &what);
             }
             BrokerFault::RestartWithSilentProgressLeader => {
                 // a progress leader that is not also the transaction
@@ -3348,9 +3355,9 @@ fn exactly_once_on_three_brokers(label: &'static str, bin: &Path, seed: u64, fau
                 let coordinator = k.transaction_coordinator(CLUSTER_TXN_ID);
                 if coordinator == Some(progress_leader) {
                     let to = (1..=3).find(|x| Some(*x) != coordinator).unwrap();
-                    k.move_leader(PROGRESS, to);
+                    k.move_partition_leader(PROGRESS, pp, to);
                 }
-                let (leader, _) = k.leader(PROGRESS).unwrap();
+                let (leader, _) = k.partition_leader(PROGRESS, pp).unwrap();
                 let behind = sink.kill_with_slot_behind(&c, &k.addr, &load_over);
                 assert!(behind, "{what}: Kafka never got ahead of the slot in 60 s");
                 k.pause(leader);
@@ -3360,7 +3367,7 @@ fn exactly_once_on_three_brokers(label: &'static str, bin: &Path, seed: u64, fau
                 let short = [&args[..], &["--kafka-timeout-secs", "4"]].concat();
                 sink = start_sink(&c, &kafka, &logs, n, &short);
                 sink.wait_streaming();
-                wait_progress_past(&k, before, &sink, &load_over, &what);
+                wait_progress_past(&k, pp, before, &sink, &load_over, &what);
                 k.resume(leader);
                 let (ok, log) = sink.terminate();
                 assert!(ok, "{what}: pgwal failed on SIGTERM:\n{log}");
@@ -3375,8 +3382,8 @@ fn exactly_once_on_three_brokers(label: &'static str, bin: &Path, seed: u64, fau
             !load_over.load(Ordering::SeqCst),
             "{what}: the load ended before the fault did"
         );
-        wait_healthy(&k, PROGRESS);
-        wait_healthy(&k, &data);
+        wait_healthy(&k, PROGRESS, pp);
+        wait_healthy(&k, &data, 0);
         let t0 = Instant::now();
         while !k.quorum_caught_up() {
             assert!(
@@ -3776,5 +3783,96 @@ fn kafka_sink_refuses_a_server_without_kafkas_position() {
     eprintln!(
         "{label}: the standby forked at {fork} (timeline 2), Kafka held timeline 1 up to \
          {kafka_at}; the sink refused it with its WAL at {below} and again past it"
+    );
+}
+
+/// Another stream that died with a Kafka transaction open in the progress
+/// topic does not hold this stream's start: each stream's records go to a
+/// partition of its own (of the 32 a topic pgwal creates has), and a
+/// read_committed read stops only at transactions open in the partition it
+/// reads. (With every stream on one partition the start waited until the
+/// broker aborted the other transaction, up to its timeout: 5 minutes by
+/// default.)
+#[test]
+fn kafka_sink_start_does_not_wait_for_another_streams_open_transaction() {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    if !broker::have_java() {
+        eprintln!("NOTICE: no java; the progress-partition test is skipped");
+        return;
+    }
+    let Some((label, bin)) = support::servers().into_iter().last() else {
+        panic!("no server");
+    };
+    let _one = one_broker();
+    let b = Broker::start(label);
+    let kafka = broker::sink_args(&b.addr, &[]);
+    let c = Cluster::start(label, &bin, Options::default());
+    let logs = setup_with_reference(&c, label, "other-stream");
+    // the sink makes the progress topic
+    let sink = start_sink(&c, &kafka, &logs, 0, &[]);
+    sink.wait_streaming();
+    let (ok, log) = sink.terminate();
+    assert!(ok, "{label}: {log}");
+    let sysid = c.query("SELECT system_identifier FROM pg_control_system()");
+    let ours = pgwal_kafka::progress::partition(
+        &pgwal_kafka::progress::key(sysid.trim(), "kslot"),
+        pgwal_kafka::progress::PARTITIONS,
+    );
+    // another stream's transaction, left open in a partition of its own
+    let theirs = (ours + 1) % pgwal_kafka::progress::PARTITIONS;
+    let other: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &b.addr)
+        .set("transactional.id", "another-stream")
+        .set("transaction.timeout.ms", "180000")
+        .create()
+        .unwrap();
+    other.init_transactions(Duration::from_secs(30)).unwrap();
+    other.begin_transaction().unwrap();
+    other
+        .send(
+            BaseRecord::to(PROGRESS)
+                .partition(theirs)
+                .key("another/stream")
+                .payload(r#"{"end_lsn":"0/1"}"#),
+        )
+        .map_err(|(e, _)| e)
+        .unwrap();
+    other.flush(Duration::from_secs(30)).unwrap();
+    // this stream starts at once and writes on
+    c.psql("INSERT INTO scratch VALUES (1, 1)");
+    let t0 = Instant::now();
+    let sink = start_sink(&c, &kafka, &logs, 1, &["--kafka-timeout-secs", "5"]);
+    while !sink.log().contains("streaming into Kafka") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{label}: the sink did not start within 60 s beside another stream's open \
+             transaction in partition {theirs} (its own: {ours}):\n{}",
+            sink.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let started = t0.elapsed();
+    // the slot is acknowledged only at positions Kafka committed (a
+    // read_committed reader of the whole topic would wait for the other
+    // transaction too)
+    c.psql("INSERT INTO scratch VALUES (2, 2)");
+    let end: Lsn = c.query("SELECT pg_current_wal_lsn()").parse().unwrap();
+    let t0 = Instant::now();
+    while kslot_position(&c) < end {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{label}: the slot was not acknowledged up to {end}:\n{}",
+            sink.log()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let (ok, log) = sink.terminate();
+    assert!(ok, "{label}: {log}");
+    other.abort_transaction(Duration::from_secs(30)).unwrap();
+    let _ = std::fs::remove_dir_all(&logs);
+    eprintln!(
+        "{label}: started in {:.1} s beside another stream's open transaction (partition \
+         {theirs}; this stream's: {ours})",
+        started.as_secs_f64()
     );
 }

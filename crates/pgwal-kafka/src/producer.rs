@@ -132,6 +132,8 @@ pub struct KafkaProducer {
     producer: Arc<ThreadedProducer<Context>>,
     context: Context,
     config: ProducerConfig,
+    /// The progress topic's partition this stream's records go to.
+    progress_partition: i32,
     open: bool,
     /// When the open Kafka transaction began.
     opened_at: Option<std::time::Instant>,
@@ -175,24 +177,25 @@ impl KafkaProducer {
         let producer = Arc::new(producer);
         let setup = async {
             let t0 = std::time::Instant::now();
-            ensure_progress_topic(&config, &context).await?;
-            tracing::debug!(took = ?t0.elapsed(), topic = %config.progress_topic, "progress topic there");
+            let partitions = ensure_progress_topic(&config, &context).await?;
+            tracing::debug!(took = ?t0.elapsed(), topic = %config.progress_topic, partitions, "progress topic there");
             let p = producer.clone();
             let t = config.timeout;
             let t0 = std::time::Instant::now();
             blocking(move || p.init_transactions(t)).await?;
             tracing::debug!(took = ?t0.elapsed(), id = %config.transactional_id, "transactions initialised");
-            Ok::<(), ProducerError>(())
+            Ok::<i32, ProducerError>(partitions)
         };
         // a refusal ends the wait at once; any other failure says what the
         // last connection attempt met
-        tokio::select! {
+        let partitions = tokio::select! {
             r = setup => r.map_err(|e| explain(e, &context))?,
             reason = context.refusal() => return Err(ProducerError::Refused { reason }),
-        }
+        };
         Ok(KafkaProducer {
             producer,
             context,
+            progress_partition: progress::partition(&config.progress_key, partitions),
             config,
             open: false,
             opened_at: None,
@@ -212,7 +215,8 @@ impl KafkaProducer {
         let cfg = self.config.clone();
         let context = self.context.clone();
         let t0 = std::time::Instant::now();
-        let r = tokio::task::spawn_blocking(move || read_progress(&cfg, &context))
+        let partition = self.progress_partition;
+        let r = tokio::task::spawn_blocking(move || read_progress(&cfg, &context, partition))
             .await
             .map_err(|_| ProducerError::Join)?
             .map_err(|e| explain(e, &self.context));
@@ -222,6 +226,12 @@ impl KafkaProducer {
 
     /// Adds a record to the open Kafka transaction (opening one if needed).
     pub async fn send(&mut self, r: &Record) -> Result<(), ProducerError> {
+        self.send_to(r, None).await
+    }
+
+    /// [`KafkaProducer::send`] to `partition`, if given, instead of the
+    /// partitioner's choice.
+    async fn send_to(&mut self, r: &Record, partition: Option<i32>) -> Result<(), ProducerError> {
         if !self.open {
             let p = self.producer.clone();
             blocking(move || p.begin_transaction()).await?;
@@ -234,6 +244,9 @@ impl KafkaProducer {
         }
         if let Some(v) = &r.value {
             rec = rec.payload(v);
+        }
+        if let Some(p) = partition {
+            rec = rec.partition(p);
         }
         let mut rec = rec;
         loop {
@@ -313,7 +326,8 @@ impl KafkaProducer {
             key: Some(self.config.progress_key.clone().into_bytes()),
             value: Some(progress::value_of(p)),
         };
-        self.send(&progress).await?;
+        self.send_to(&progress, Some(self.progress_partition))
+            .await?;
         self.open = false;
         let p = self.producer.clone();
         let t = self.config.timeout;
@@ -346,9 +360,10 @@ fn explain(e: ProducerError, context: &Context) -> ProducerError {
     }
 }
 
-/// Creates the progress topic, compacted and with one partition, unless it
-/// exists. Auto-creation would make it uncompacted, and a topic of several
-/// partitions could not be read back in order.
+/// Creates the progress topic, compacted and with [`progress::PARTITIONS`]
+/// partitions, unless it exists; returns its partition count. Auto-creation
+/// would make it uncompacted. A stream's records all go to one partition
+/// ([`progress::partition`]), read back in order.
 ///
 /// It holds the stream's exactly-once state, so it is made to outlive a
 /// broker: three replicas where the cluster has three brokers or more
@@ -358,7 +373,7 @@ fn explain(e: ProducerError, context: &Context) -> ProducerError {
 async fn ensure_progress_topic(
     cfg: &ProducerConfig,
     context: &Context,
-) -> Result<(), ProducerError> {
+) -> Result<i32, ProducerError> {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     use rdkafka::types::RDKafkaErrorCode;
     let admin: Arc<AdminClient<Context>> =
@@ -371,7 +386,7 @@ async fn ensure_progress_topic(
     let replicas = brokers.clamp(1, 3);
     let mut topic = NewTopic::new(
         &cfg.progress_topic,
-        1,
+        progress::PARTITIONS,
         TopicReplication::Fixed(replicas as i32),
     )
     .set("cleanup.policy", "compact")
@@ -402,7 +417,32 @@ async fn ensure_progress_topic(
             Err((_, code)) => return Err(KafkaError::AdminOp(code).into()),
         }
     }
-    Ok(())
+    // its partition count, as the brokers know it (a topic just created
+    // may not be in every broker's metadata yet)
+    let deadline = std::time::Instant::now() + cfg.timeout;
+    loop {
+        let admin = admin.clone();
+        let (topic, t) = (cfg.progress_topic.clone(), cfg.timeout);
+        let partitions = blocking(move || {
+            let md = admin.inner().fetch_metadata(Some(&topic), t)?;
+            Ok(md
+                .topics()
+                .iter()
+                .find(|m| m.name() == topic && m.error().is_none())
+                .map_or(0, |m| m.partitions().len() as i32))
+        })
+        .await?;
+        if partitions > 0 {
+            return Ok(partitions);
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(ProducerError::ProgressEnd {
+                topic: cfg.progress_topic.clone(),
+                source: KafkaError::MetadataFetch(RDKafkaErrorCode::UnknownTopicOrPartition),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// The brokers and the user's client options, for the helper clients.
@@ -416,7 +456,7 @@ fn client_config(cfg: &ProducerConfig) -> ClientConfig {
     cc
 }
 
-/// Reads the progress topic's partition 0 from the start with
+/// Reads the stream's partition of the progress topic from the start with
 /// read_committed and returns this stream's last position.
 ///
 /// The read must reach the high watermark that a read_uncommitted reader
@@ -429,6 +469,7 @@ fn client_config(cfg: &ProducerConfig) -> ClientConfig {
 fn read_progress(
     cfg: &ProducerConfig,
     context: &Context,
+    partition: i32,
 ) -> Result<Option<Progress>, ProducerError> {
     let group = format!("{}-progress-reader", cfg.transactional_id);
     let watermarks: BaseConsumer<Context> = client_config(cfg)
@@ -436,7 +477,7 @@ fn read_progress(
         .set("group.id", &group)
         .create_with_context(context.clone())?;
     let end = high_watermark(
-        |t| watermarks.fetch_watermarks(&cfg.progress_topic, 0, t),
+        |t| watermarks.fetch_watermarks(&cfg.progress_topic, partition, t),
         &cfg.progress_topic,
         cfg.timeout,
     )?;
@@ -450,7 +491,7 @@ fn read_progress(
         .set("group.id", &group)
         .create_with_context(context.clone())?;
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(&cfg.progress_topic, 0, Offset::Beginning)?;
+    tpl.add_partition_offset(&cfg.progress_topic, partition, Offset::Beginning)?;
     consumer.assign(&tpl)?;
     let mut last = None;
     let deadline = std::time::Instant::now() + cfg.timeout;
@@ -461,7 +502,7 @@ fn read_progress(
             Some(Err(KafkaError::PartitionEOF(_))) => {
                 let at = consumer
                     .position()?
-                    .find_partition(&cfg.progress_topic, 0)
+                    .find_partition(&cfg.progress_topic, partition)
                     .and_then(|p| p.offset().to_raw())
                     .unwrap_or(0);
                 if at >= end {
@@ -490,7 +531,7 @@ fn read_progress(
         if std::time::Instant::now() > deadline {
             let at = consumer
                 .position()?
-                .find_partition(&cfg.progress_topic, 0)
+                .find_partition(&cfg.progress_topic, partition)
                 .and_then(|p| p.offset().to_raw())
                 .unwrap_or(0);
             return Err(ProducerError::ProgressTimeout {

@@ -1,9 +1,11 @@
 //! The progress topic: after each Kafka transaction, the end position of the
 //! last PostgreSQL transaction it holds, written in that same transaction.
 //!
-//! One compacted topic with one partition serves many streams; the record
-//! key names the stream (`<system identifier>/<slot>`), so compaction keeps
-//! the last position of each. Read with `isolation.level=read_committed`,
+//! One compacted topic serves many streams; the record key names the
+//! stream (`<system identifier>/<slot>`), so compaction keeps the last
+//! position of each, and picks the partition ([`partition`]): a topic pgwal
+//! creates has [`PARTITIONS`], so that streams rarely share one; an existing
+//! topic keeps its count (one, for a topic made by pgwal before). Read with `isolation.level=read_committed`,
 //! the last record of a key is the last committed Kafka transaction of that
 //! stream: everything at or before its position is in Kafka exactly once.
 //!
@@ -17,9 +19,35 @@ use serde_json::json;
 
 use crate::snapshot::SnapshotCursor;
 
+/// The partitions of a progress topic pgwal creates.
+pub const PARTITIONS: i32 = 32;
+
 /// The key of a stream's progress records.
 pub fn key(system_identifier: &str, slot: &str) -> String {
     format!("{system_identifier}/{slot}")
+}
+
+/// The partition of the progress topic a stream's records go to, of
+/// `partitions`: FNV-1a of the key, so that it is the same for every
+/// release and machine. Streams on different partitions never wait for
+/// each other: a read_committed read of a partition stops at the first
+/// transaction still open in it, and a stream that died with one open
+/// would hold every other stream's start on that partition until the
+/// broker aborts it (`transaction.timeout.ms`).
+///
+/// ```
+/// let k = pgwal_kafka::progress::key("7433316424432381437", "app");
+/// let p = pgwal_kafka::progress::partition(&k, 32);
+/// assert!((0..32).contains(&p));
+/// assert_eq!(pgwal_kafka::progress::partition(&k, 1), 0);
+/// ```
+pub fn partition(key: &str, partitions: i32) -> i32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in key.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    (h % partitions.max(1) as u32) as i32
 }
 
 /// What one progress record says.
@@ -101,5 +129,21 @@ mod tests {
         assert_eq!(parse_progress(&value_of(&p)), Some(p.clone()));
         // written before snapshots existed: no cursor
         assert_eq!(parse_progress(&value(l)), Some(Progress::at(l)));
+    }
+
+    #[test]
+    fn partitions_are_pinned_and_spread() {
+        // pinned: a sink of the next release must read where this one wrote
+        assert_eq!(partition("a", 1 << 30), 0x640c_292c % (1 << 30));
+        assert_eq!(partition("x", 1), 0);
+        let used: std::collections::HashSet<i32> = (0..200)
+            .map(|n| {
+                partition(
+                    &key("7433316424432381437", &format!("slot_{n}")),
+                    PARTITIONS,
+                )
+            })
+            .collect();
+        assert_eq!(used.len(), PARTITIONS as usize);
     }
 }

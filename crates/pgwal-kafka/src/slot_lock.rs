@@ -44,6 +44,22 @@ const LOCK_CLASS: i32 = 0x7067_776c;
 const SERVER_KEEPALIVES: &str =
     "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 2; SET tcp_keepalives_count = 3";
 
+/// How long the lock's connection may take to answer a query.
+const ANSWER_WITHIN: Duration = Duration::from_secs(20);
+
+/// A query on the lock's connection, bounded by [`ANSWER_WITHIN`].
+async fn query(
+    c: &mut ReplicationClient,
+    sql: &str,
+) -> Result<Vec<pgwal::SimpleRow>, pgwal::Error> {
+    tokio::time::timeout(ANSWER_WITHIN, c.simple_query(sql))
+        .await
+        .map_err(|_| pgwal::Error::ReceiveTimeout {
+            after: ANSWER_WITHIN,
+            waiting_for: "the slot's lock",
+        })?
+}
+
 /// How often a waiting sink asks for the lock again.
 const ASK_EVERY: Duration = Duration::from_secs(2);
 /// How often a waiting sink says again that it waits.
@@ -71,7 +87,12 @@ impl SlotLock {
     /// Whether the lock's connection still answers (if it does, the lock
     /// is still held: it is released only when the session ends).
     pub(crate) async fn held(&mut self) -> bool {
-        self.connection.simple_query("SELECT 1").await.is_ok()
+        // a connection cut off without a reset would hold the call for the
+        // system's TCP retransmission time
+        matches!(
+            tokio::time::timeout(ANSWER_WITHIN, self.connection.simple_query("SELECT 1")).await,
+            Ok(Ok(_))
+        )
     }
 
     /// Takes the slot's lock, waiting while another session holds it.
@@ -92,9 +113,9 @@ impl SlotLock {
                 // the server's own keepalives on this session: were this
                 // sink's host cut off, its backend would otherwise hold the
                 // lock for the system's default two hours
-                c.simple_query(SERVER_KEEPALIVES).await?;
+                query(&mut c, SERVER_KEEPALIVES).await?;
                 loop {
-                    let rows = c.simple_query(&try_lock).await?;
+                    let rows = query(&mut c, &try_lock).await?;
                     if rows.first().and_then(|r| r.get_index(0)) == Some("t") {
                         return Ok::<_, pgwal::Error>(c);
                     }
@@ -133,15 +154,17 @@ impl SlotLock {
 
 /// Who holds the slot's lock, as `pg_stat_activity` tells it.
 async fn holder(c: &mut ReplicationClient, key: i32) -> Result<String, pgwal::Error> {
-    let rows = c
-        .simple_query(&format!(
+    let rows = query(
+        c,
+        &format!(
             "SELECT a.pid::text, coalesce(host(a.client_addr), 'local'), a.application_name \
              FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
              WHERE l.locktype = 'advisory' AND l.granted AND l.database = \
              (SELECT oid FROM pg_database WHERE datname = current_database()) \
              AND l.classid = {LOCK_CLASS} AND l.objid = {key} AND l.objsubid = 2"
-        ))
-        .await?;
+        ),
+    )
+    .await?;
     Ok(match rows.first() {
         Some(r) => format!(
             "pid {} from {} ({})",

@@ -327,6 +327,11 @@ impl KafkaCluster {
     /// the cluster's metadata says (asked of the running nodes); `None`
     /// while it has no leader.
     pub fn leader(&self, topic: &str) -> Option<(i32, Vec<i32>)> {
+        self.partition_leader(topic, 0)
+    }
+
+    /// [`KafkaCluster::leader`] of `topic`'s `partition`.
+    pub fn partition_leader(&self, topic: &str, partition: i32) -> Option<(i32, Vec<i32>)> {
         let up: Vec<String> = (1..=3)
             .filter(|n| self.is_up(*n))
             .map(|n| self.node_addr(n))
@@ -339,8 +344,26 @@ impl KafkaCluster {
             .fetch_metadata(Some(topic), Duration::from_secs(10))
             .ok()?;
         let t = md.topics().iter().find(|t| t.name() == topic)?;
-        let p = t.partitions().iter().find(|p| p.id() == 0)?;
+        let p = t.partitions().iter().find(|p| p.id() == partition)?;
         (p.leader() > 0).then(|| (p.leader(), p.isr().to_vec()))
+    }
+
+    /// How many partitions `topic` has (0 while the metadata does not
+    /// show it).
+    pub fn partitions(&self, topic: &str) -> i32 {
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.addr)
+            .create()
+            .unwrap();
+        c.fetch_metadata(Some(topic), Duration::from_secs(10))
+            .ok()
+            .and_then(|md| {
+                md.topics()
+                    .iter()
+                    .find(|t| t.name() == topic && t.error().is_none())
+                    .map(|t| t.partitions().len() as i32)
+            })
+            .unwrap_or(0)
     }
 
     /// What Kafka's tool `class` prints (stdout) when run with `args`
@@ -418,6 +441,11 @@ impl KafkaCluster {
     /// failure: its replica list is reordered to put `to` first, then the
     /// preferred leader is elected (Kafka's reassignment and election tools).
     pub fn move_leader(&self, topic: &str, to: i32) {
+        self.move_partition_leader(topic, 0, to)
+    }
+
+    /// [`KafkaCluster::move_leader`] of `topic`'s `partition`.
+    pub fn move_partition_leader(&self, topic: &str, partition: i32, to: i32) {
         let n = (1..=3).find(|n| self.is_up(*n)).unwrap();
         let bootstrap = self.node_addr(n);
         let mut replicas = vec![to];
@@ -426,10 +454,11 @@ impl KafkaCluster {
         std::fs::write(
             &plan,
             format!(
-                r#"{{"version":1,"partitions":[{{"topic":"{topic}","partition":0,"replicas":{replicas:?}}}]}}"#
+                r#"{{"version":1,"partitions":[{{"topic":"{topic}","partition":{partition},"replicas":{replicas:?}}}]}}"#
             ),
         )
         .unwrap();
+        let partition = partition.to_string();
         for args in [
             vec![
                 "org.apache.kafka.tools.reassign.ReassignPartitionsCommand",
@@ -448,7 +477,7 @@ impl KafkaCluster {
                 "--topic",
                 topic,
                 "--partition",
-                "0",
+                &partition,
             ],
         ] {
             let mut a = vec!["tool"];
@@ -527,9 +556,10 @@ pub struct Consumed {
     pub value: Option<Vec<u8>>,
 }
 
-/// Every record of `topics` (partition 0; the broker makes one per topic)
-/// that a consumer with `isolation` (read_committed, read_uncommitted)
-/// sees, up to the end; a topic that does not exist is empty.
+/// Every record of `topics` (all their partitions; records of one
+/// partition in order) that a consumer with `isolation` (read_committed,
+/// read_uncommitted) sees, up to the end; a topic that does not exist is
+/// empty.
 pub fn read_all(addr: &str, topics: &[&str], isolation: &str) -> Vec<Consumed> {
     try_read_all(addr, topics, isolation, Duration::from_secs(120))
         .unwrap_or_else(|e| panic!("{e}"))
@@ -554,25 +584,45 @@ pub fn try_read_all(
     let mut tpl = TopicPartitionList::new();
     let mut ends = Vec::new();
     for t in topics {
-        // a topic that does not exist is empty; any other error (a broker
+        // every partition (a progress topic pgwal makes has several); a
+        // topic that does not exist is empty, and any other error (a broker
         // of a cluster down, a leader moving) is asked again
-        let high = loop {
-            match c.fetch_watermarks(t, 0, Duration::from_secs(10)) {
-                Ok((_, high)) => break high,
-                Err(KafkaError::MetadataFetch(
-                    RDKafkaErrorCode::UnknownTopicOrPartition
-                    | RDKafkaErrorCode::UnknownTopic
-                    | RDKafkaErrorCode::UnknownPartition,
-                )) => break 0,
+        let partitions = loop {
+            match c.fetch_metadata(Some(t), Duration::from_secs(10)) {
+                Ok(md) => match md.topics().iter().find(|m| m.name() == *t) {
+                    Some(m) if m.error().is_none() => break m.partitions().len() as i32,
+                    _ => break 0,
+                },
                 Err(e) if Instant::now() > deadline => {
-                    return Err(format!("the end of {t} stayed unknown for {limit:?}: {e}"))
+                    return Err(format!(
+                        "the partitions of {t} stayed unknown for {limit:?}: {e}"
+                    ))
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(300)),
             }
         };
-        if high > 0 {
-            tpl.add_partition_offset(t, 0, Offset::Beginning).unwrap();
-            ends.push((t.to_string(), high));
+        for partition in 0..partitions {
+            let high = loop {
+                match c.fetch_watermarks(t, partition, Duration::from_secs(10)) {
+                    Ok((_, high)) => break high,
+                    Err(KafkaError::MetadataFetch(
+                        RDKafkaErrorCode::UnknownTopicOrPartition
+                        | RDKafkaErrorCode::UnknownTopic
+                        | RDKafkaErrorCode::UnknownPartition,
+                    )) => break 0,
+                    Err(e) if Instant::now() > deadline => {
+                        return Err(format!(
+                            "the end of {t} [{partition}] stayed unknown for {limit:?}: {e}"
+                        ))
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(300)),
+                }
+            };
+            if high > 0 {
+                tpl.add_partition_offset(t, partition, Offset::Beginning)
+                    .unwrap();
+                ends.push((t.to_string(), partition, high));
+            }
         }
     }
     if ends.is_empty() {
@@ -585,8 +635,8 @@ pub fn try_read_all(
         let pos = c.position().unwrap();
         // read_committed stops at the last stable offset; transaction
         // markers take offsets that no record shows
-        let done = ends.iter().all(|(t, high)| {
-            pos.find_partition(t, 0)
+        let done = ends.iter().all(|(t, partition, high)| {
+            pos.find_partition(t, *partition)
                 .and_then(|p| p.offset().to_raw())
                 .is_some_and(|o| o >= *high)
         });
