@@ -247,6 +247,33 @@ def test_a_third_of_the_drawn_rejoins_lose_power_during_their_rewind():
     assert sched.applicable(sched.Step("rewind-power", ("n3",)), st) == "n3 is not down"
 
 
+def test_half_of_the_drawn_power_losses_in_recovery_cut_the_primarys_crash_switch():
+    st = sched.State("n2", {"n1": "n2", "n3": "n2", "n4": "n3"})
+    rng = random.Random(5)
+    steps = [s for s in (sched.next_step(rng, st, LEVELS) for _ in range(4000)) if s.kind == "power-in-recovery"]
+    at_switch = [s for s in steps if s.moment_ms == sched.AT_CRASH_SWITCH]
+    assert 0.4 < len(at_switch) / len(steps) < 0.6, (len(at_switch), len(steps))
+    assert all(s.args == ("n2",) for s in at_switch)
+    # without stream_unflushed_wal there is no crash switch to cut
+    st.has_uw = False
+    rng = random.Random(5)
+    steps = [s for s in (sched.next_step(rng, st, LEVELS) for _ in range(2000)) if s.kind == "power-in-recovery"]
+    assert steps and not any(s.moment_ms == sched.AT_CRASH_SWITCH for s in steps)
+
+
+def test_a_power_loss_at_the_primarys_crash_switch(pg_bin, tmp_path):
+    # the primary loses power under load, and again the moment its crash
+    # recovery's timeline switch wrote its history file, if it switched;
+    # the cluster must come back whole either way
+    records = _history(pg_bin, tmp_path, schedule="power-in-recovery:n1@on/800/99999")
+    assert histories.failures(records) is None, histories.failures(records)
+    (h,) = records
+    assert not h["skipped"], h["skipped"]
+    step = h["records"][0]
+    assert "crash_switch_seen" in step, step
+    print("crash switch:", step["crash_switch_seen"], step["crash_switch_after_ms"], step["second_in_recovery"])
+
+
 def test_half_of_the_drawn_histories_open_with_a_flush_worker_on():
     st = _state()
     opened = [histories.opening(s, st, LEVELS) for s in range(1, 401)]

@@ -36,7 +36,7 @@ from ..util import LabError, wait_for
 from . import verdict
 from .verdict import START_S
 from .cluster import HistoryCluster, lsn_int, wait_accepting
-from .schedule import CRASHES, FAILOVERS, ZOMBIE_S, Step
+from .schedule import AT_CRASH_SWITCH, CRASHES, FAILOVERS, ZOMBIE_S, Step
 
 
 def _crash(hc: HistoryCluster, node, power_loss: bool, load: Load, before_start=None) -> dict:
@@ -61,17 +61,47 @@ def _crash_in_recovery(hc: HistoryCluster, node, load: Load, moment_ms: int) -> 
     mark = (lambda: setattr(load, "fault_at", time.monotonic())) if node is hc.primary else None
     old_pm = node.pid()
     first = faults.crash([node], power_loss=True, proxies=feeds(), mark=mark)
+    histories = set((node.datadir / "pg_wal").glob("*.history"))
     _before_restart(hc, node)
     node.start(wait=False)
     # the lock file the power loss left names the old postmaster until the
     # new one writes its own
     wait_for(lambda: (p := node.pid()) not in (None, old_pm) and faults.alive(p), 30,
              f"{node.name}'s new postmaster", interval=0.005)
-    time.sleep(moment_ms / 1000)
+    extra = {}
+    if moment_ms == AT_CRASH_SWITCH:
+        # the history file of a crash switch, then the end-of-recovery
+        # record a few milliseconds later: the startup process is stopped
+        # the moment the file appears (as a promote-power:history does)
+        t1 = last_asked = time.monotonic()
+        startup = None
+        while not (new := set((node.datadir / "pg_wal").glob("*.history")) - histories):
+            if startup is None:  # found ahead: the window is milliseconds
+                startup = next((p for p in faults.working_in(node.datadir) if _is_startup(p)), None)
+            if time.monotonic() - last_asked > 0.05:
+                last_asked = time.monotonic()
+                if faults.accepts(node) or last_asked - t1 > 60:
+                    break
+            time.sleep(0.0002)
+        if new and startup:
+            faults.signal_all([startup], signal.SIGSTOP)
+        extra = {"crash_switch_seen": sorted(h.name for h in new),
+                 "crash_switch_after_ms": round((time.monotonic() - t1) * 1000, 1)}
+    else:
+        time.sleep(moment_ms / 1000)
     recovered = faults.accepts(node)
     second = faults.crash([node], power_loss=True, proxies=feeds())
     return {"recovery_s": _restart(hc, node), "undone": first[node.name], "undone_second": second[node.name],
-            "second_in_recovery": not recovered}
+            "second_in_recovery": not recovered, **extra}
+
+
+def _is_startup(pid: int) -> bool:
+    """Whether `pid` is a server's startup process (by its process title)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"startup" in f.read()
+    except OSError:
+        return False
 
 
 def _restart(hc: HistoryCluster, node, before_start=None) -> float:
