@@ -225,13 +225,22 @@ impl Sink {
     /// readings hold still, and if the slot had caught up it runs on until
     /// Kafka moves again.  Returns whether the slot was behind (false only
     /// if that did not happen within 60 s).
-    fn kill_with_slot_behind(mut self, c: &Cluster, addr: &str, load_over: &AtomicBool) -> bool {
+    /// `partition`: the stream's partition of the progress topic, where
+    /// others may be unreadable (a cluster with nodes down); `None` reads
+    /// them all.
+    fn kill_with_slot_behind(
+        mut self,
+        c: &Cluster,
+        addr: &str,
+        partition: Option<i32>,
+        load_over: &AtomicBool,
+    ) -> bool {
         let t0 = Instant::now();
         loop {
             self.signal("-STOP");
             // a reply already on the wire reaches the slot first
             std::thread::sleep(Duration::from_millis(300));
-            let kafka = kafka_progress(addr);
+            let kafka = kafka_progress_in(addr, partition);
             let slot: Lsn = c
                 .query(
                     "SELECT confirmed_flush_lsn FROM pg_replication_slots \
@@ -246,7 +255,7 @@ impl Sink {
                 return behind;
             }
             self.signal("-CONT");
-            wait_progress(addr, &self, load_over);
+            wait_progress_in(addr, partition, &self, load_over);
         }
     }
 }
@@ -261,12 +270,26 @@ impl Drop for Sink {
 /// Kafka's committed position of the stream, as a read_committed reader
 /// of the progress topic finds it.
 fn kafka_progress(addr: &str) -> Option<Lsn> {
-    read_all(addr, &[PROGRESS], "read_committed")
-        .last()
-        .map(|r| {
-            let v: Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
-            v["end_lsn"].as_str().unwrap().parse().unwrap()
-        })
+    kafka_progress_in(addr, None)
+}
+
+/// [`kafka_progress`] from the progress topic's `partition` only (the
+/// stream's), or from all of them.
+fn kafka_progress_in(addr: &str, partition: Option<i32>) -> Option<Lsn> {
+    let records = match partition {
+        Some(p) => broker::read_partitions(
+            addr,
+            &[(PROGRESS, p)],
+            "read_committed",
+            Duration::from_secs(120),
+        )
+        .unwrap_or_else(|e| panic!("{e}")),
+        None => read_all(addr, &[PROGRESS], "read_committed"),
+    };
+    records.last().map(|r| {
+        let v: Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+        v["end_lsn"].as_str().unwrap().parse().unwrap()
+    })
 }
 
 /// Waits until Kafka's progress passed what it is now (the running sink
@@ -276,10 +299,15 @@ fn kafka_progress(addr: &str) -> Option<Lsn> {
 /// against that reading would let the next fault come before this sink
 /// wrote anything.
 fn wait_progress(addr: &str, sink: &Sink, load_over: &AtomicBool) {
+    wait_progress_in(addr, None, sink, load_over)
+}
+
+/// [`wait_progress`] reading the progress topic's `partition` only.
+fn wait_progress_in(addr: &str, partition: Option<i32>, sink: &Sink, load_over: &AtomicBool) {
     let t0 = Instant::now();
-    let before = kafka_progress(addr);
+    let before = kafka_progress_in(addr, partition);
     loop {
-        let p = kafka_progress(addr);
+        let p = kafka_progress_in(addr, partition);
         if p > before || load_over.load(Ordering::SeqCst) {
             return;
         }
@@ -560,7 +588,7 @@ fn exactly_once(label: &'static str, bin: &Path, rounds: usize, secure: bool) {
         );
         wait_progress(&b.addr, &sink, &load_over);
         phase("progress after the walsender's end");
-        let behind = sink.kill_with_slot_behind(&c, &b.addr, &load_over);
+        let behind = sink.kill_with_slot_behind(&c, &b.addr, None, &load_over);
         phase("pgwal SIGKILLed with the slot behind Kafka");
         assert!(
             behind,
@@ -3177,9 +3205,9 @@ fn wait_progress_past(
 ) {
     let t0 = Instant::now();
     loop {
-        let last = match broker::try_read_all(
+        let last = match broker::read_partitions(
             &k.addr,
-            &[PROGRESS],
+            &[(PROGRESS, progress_partition)],
             "read_committed",
             Duration::from_secs(20),
         ) {
@@ -3277,14 +3305,15 @@ fn exactly_once_on_three_brokers(label: &'static str, bin: &Path, seed: u64, fau
         Duration::from_secs(180 * faults as u64 + 300),
     );
     let load_over = load.over.clone();
-    wait_progress(&k.addr, &sink, &load_over);
-    let data = topic("items");
-    // the progress topic's partition this stream writes to
+    // the progress topic's partition this stream writes to (the sink made
+    // the topic): the only one read while nodes are down, as the sink does
     let sysid = c.query("SELECT system_identifier FROM pg_control_system()");
     let pp = pgwal_kafka::progress::partition(
         &pgwal_kafka::progress::key(sysid.trim(), "kslot"),
         k.partitions(PROGRESS),
     );
+    wait_progress_in(&k.addr, Some(pp), &sink, &load_over);
+    let data = topic("items");
     wait_healthy(&k, PROGRESS, pp);
     wait_healthy(&k, &data, 0);
     phase("streaming into Kafka");
@@ -3294,7 +3323,7 @@ fn exactly_once_on_three_brokers(label: &'static str, bin: &Path, seed: u64, fau
     let mut asked_again = 0;
     for (i, fault) in plan.iter().enumerate() {
         let what = format!("{label} fault {i} ({fault:?})");
-        let before = kafka_progress(&k.addr);
+        let before = kafka_progress_in(&k.addr, Some(pp));
         let (progress_leader, _) = k
             .partition_leader(PROGRESS, pp)
             .expect("the progress partition has a leader");
@@ -3336,7 +3365,7 @@ fn exactly_once_on_three_brokers(label: &'static str, bin: &Path, seed: u64, fau
                 k.kill(b);
                 // nothing can commit now; the sink retries
                 std::thread::sleep(Duration::from_secs(8));
-                let stalled = kafka_progress(&k.addr);
+                let stalled = kafka_progress_in(&k.addr, Some(pp));
                 k.restart(a);
                 wait_progress_past(&k, pp, stalled.max(before), &sink, &load_over, &what);
                 k.restart(b);
@@ -3358,7 +3387,7 @@ fn exactly_once_on_three_brokers(label: &'static str, bin: &Path, seed: u64, fau
                     k.move_partition_leader(PROGRESS, pp, to);
                 }
                 let (leader, _) = k.partition_leader(PROGRESS, pp).unwrap();
-                let behind = sink.kill_with_slot_behind(&c, &k.addr, &load_over);
+                let behind = sink.kill_with_slot_behind(&c, &k.addr, Some(pp), &load_over);
                 assert!(behind, "{what}: Kafka never got ahead of the slot in 60 s");
                 k.pause(leader);
                 // calls limited to 4 s, shorter than the controller takes

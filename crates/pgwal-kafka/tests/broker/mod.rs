@@ -575,14 +575,10 @@ pub fn try_read_all(
 ) -> Result<Vec<Consumed>, String> {
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", addr)
-        .set("group.id", format!("reader-{}", std::process::id()))
-        .set("isolation.level", isolation)
-        .set("enable.auto.commit", "false")
         .create()
         .unwrap();
     let deadline = Instant::now() + limit;
-    let mut tpl = TopicPartitionList::new();
-    let mut ends = Vec::new();
+    let mut parts = Vec::new();
     for t in topics {
         // every partition (a progress topic pgwal makes has several); a
         // topic that does not exist is empty, and any other error (a broker
@@ -601,28 +597,57 @@ pub fn try_read_all(
                 Err(_) => std::thread::sleep(Duration::from_millis(300)),
             }
         };
-        for partition in 0..partitions {
-            let high = loop {
-                match c.fetch_watermarks(t, partition, Duration::from_secs(10)) {
-                    Ok((_, high)) => break high,
-                    Err(KafkaError::MetadataFetch(
-                        RDKafkaErrorCode::UnknownTopicOrPartition
-                        | RDKafkaErrorCode::UnknownTopic
-                        | RDKafkaErrorCode::UnknownPartition,
-                    )) => break 0,
-                    Err(e) if Instant::now() > deadline => {
-                        return Err(format!(
-                            "the end of {t} [{partition}] stayed unknown for {limit:?}: {e}"
-                        ))
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(300)),
+        parts.extend((0..partitions).map(|p| (*t, p)));
+    }
+    read_partitions(
+        addr,
+        &parts,
+        isolation,
+        deadline.saturating_duration_since(Instant::now()),
+    )
+}
+
+/// Every record of these partitions (`(topic, partition)`) that a consumer
+/// with `isolation` sees, up to the end, or what stopped it within `limit`.
+/// A partition that does not exist is empty.
+pub fn read_partitions(
+    addr: &str,
+    parts: &[(&str, i32)],
+    isolation: &str,
+    limit: Duration,
+) -> Result<Vec<Consumed>, String> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", addr)
+        .set("group.id", format!("reader-{}", std::process::id()))
+        .set("isolation.level", isolation)
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let deadline = Instant::now() + limit;
+    let mut tpl = TopicPartitionList::new();
+    let mut ends = Vec::new();
+    for (t, partition) in parts {
+        let (t, partition) = (*t, *partition);
+        let high = loop {
+            match c.fetch_watermarks(t, partition, Duration::from_secs(10)) {
+                Ok((_, high)) => break high,
+                Err(KafkaError::MetadataFetch(
+                    RDKafkaErrorCode::UnknownTopicOrPartition
+                    | RDKafkaErrorCode::UnknownTopic
+                    | RDKafkaErrorCode::UnknownPartition,
+                )) => break 0,
+                Err(e) if Instant::now() > deadline => {
+                    return Err(format!(
+                        "the end of {t} [{partition}] stayed unknown for {limit:?}: {e}"
+                    ))
                 }
-            };
-            if high > 0 {
-                tpl.add_partition_offset(t, partition, Offset::Beginning)
-                    .unwrap();
-                ends.push((t.to_string(), partition, high));
+                Err(_) => std::thread::sleep(Duration::from_millis(300)),
             }
+        };
+        if high > 0 {
+            tpl.add_partition_offset(t, partition, Offset::Beginning)
+                .unwrap();
+            ends.push((t.to_string(), partition, high));
         }
     }
     if ends.is_empty() {
@@ -645,7 +670,7 @@ pub fn try_read_all(
         }
         if Instant::now() > deadline {
             return Err(format!(
-                "reading {topics:?} took over {limit:?} (the last error: {last_error:?})"
+                "reading {parts:?} took over {limit:?} (the last error: {last_error:?})"
             ));
         }
         match c.poll(Duration::from_millis(200)) {
