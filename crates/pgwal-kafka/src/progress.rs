@@ -42,12 +42,19 @@ pub fn key(system_identifier: &str, slot: &str) -> String {
 /// assert_eq!(pgwal_kafka::progress::partition(&k, 1), 0);
 /// ```
 pub fn partition(key: &str, partitions: i32) -> i32 {
+    (fnv1a(key) % partitions.max(1) as u32) as i32
+}
+
+/// FNV-1a (32 bits) of `s`: a hash that is the same for every release and
+/// machine, for what one sink writes and another must find (the progress
+/// partition, the slot's lock).
+pub(crate) fn fnv1a(s: &str) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
-    for b in key.bytes() {
+    for b in s.bytes() {
         h ^= u32::from(b);
         h = h.wrapping_mul(0x0100_0193);
     }
-    (h % partitions.max(1) as u32) as i32
+    h
 }
 
 /// What one progress record says.

@@ -68,12 +68,7 @@ const SAY_EVERY: Duration = Duration::from_secs(60);
 /// The lock's second key for `slot`: FNV-1a, stable across releases and
 /// machines, kept positive so that `pg_locks.objid` shows the same number.
 pub(crate) fn lock_key(slot: &str) -> i32 {
-    let mut h: u32 = 0x811c_9dc5;
-    for b in slot.bytes() {
-        h ^= u32::from(b);
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    (h & 0x7fff_ffff) as i32
+    (crate::progress::fnv1a(slot) & 0x7fff_ffff) as i32
 }
 
 /// The slot's lock, held while this value lives (its connection closes
