@@ -9,7 +9,7 @@
 //! | 2 | usage or configuration: the options or config file, the connection string, authentication (PostgreSQL or Kafka) or a setting refused | no |
 //! | 3 | the slot cannot be used as asked: missing, invalidated, two-phase (Kafka sink), ahead of what the consumer holds, or not the slot a state file belongs to; or the Kafka sink's progress record is unreadable, or names a position the server does not have | no |
 //! | 4 | retries exhausted: PostgreSQL or Kafka stayed unusable longer than pgwal retries | yes |
-//! | 5 | a change that cannot be written faithfully (e.g. an unchanged TOAST value in the Kafka sink), or a transaction that takes longer to write than Kafka's transaction timeout | no |
+//! | 5 | a change that cannot be written faithfully (e.g. an unchanged TOAST value in the Kafka sink), a snapshot chunk the sink cannot read (under `--kafka-bad-records fail`), or a transaction that takes longer to write than Kafka's transaction timeout | no |
 
 use std::error::Error as StdError;
 use std::process::ExitCode;
@@ -45,6 +45,10 @@ fn class(e: &(dyn StdError + 'static)) -> u8 {
             | SinkError::TwoPhase
             | SinkError::SnapshotUnsupported { .. } => CONFIG,
             SinkError::Snapshot(SnapshotError::Postgres(e)) => postgres(e),
+            // the cursor in Kafka names the table: a restart reads the same
+            // rows again (`--kafka-bad-records skip` leaves the table out)
+            SinkError::Snapshot(SnapshotError::BadResult { .. }) => UNWRITABLE,
+            SinkError::Snapshot(_) => CONFIG,
             SinkError::Kafka { .. } | SinkError::KafkaNeverConnected { .. } => RETRIES,
             SinkError::Format(_)
             | SinkError::BadRecord { .. }
@@ -123,5 +127,10 @@ mod tests {
             std::io::ErrorKind::ConnectionRefused,
         )));
         assert_eq!(class(refused.as_ref()), RETRIES);
+        let chunk: Box<dyn StdError> = Box::new(SinkError::Snapshot(SnapshotError::BadResult {
+            table: "public.t".into(),
+            what: "a NULL in key columns id".into(),
+        }));
+        assert_eq!(class(chunk.as_ref()), UNWRITABLE);
     }
 }

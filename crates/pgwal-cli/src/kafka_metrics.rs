@@ -115,6 +115,36 @@ impl Collector for SinkCollector {
             "Changes written to the dead-letter topic instead",
             l.dead_lettered(),
         )?;
+        counter(
+            &mut e,
+            "pgwal_kafka_snapshot_rows",
+            "Rows snapshots wrote to Kafka (read records)",
+            l.snapshot_rows(),
+        )?;
+        counter(
+            &mut e,
+            "pgwal_kafka_snapshot_chunks",
+            "Snapshot chunks read",
+            l.snapshot_chunks(),
+        )?;
+        counter(
+            &mut e,
+            "pgwal_kafka_snapshot_chunks_read_again",
+            "Snapshot chunks thrown away and read again (a change in their window they could not be reconciled with)",
+            l.snapshot_rereads(),
+        )?;
+        counter(
+            &mut e,
+            "pgwal_kafka_snapshot_tables_left_out",
+            "Tables a snapshot left out: no key usable for paging, or a permanent error under --kafka-bad-records skip or dead-letter",
+            l.snapshot_tables_left_out(),
+        )?;
+        gauge(
+            &mut e,
+            "pgwal_kafka_snapshot_tables_queued",
+            "Tables the running snapshot still has to read, the current one included (0: no snapshot runs)",
+            l.snapshot_tables_queued() as i64,
+        )?;
         gauge(
             &mut e,
             "pgwal_kafka_position_lsn",

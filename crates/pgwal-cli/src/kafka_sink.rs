@@ -225,6 +225,12 @@ pub(crate) struct KafkaArgs {
     /// chunk in a transaction of its own.
     #[arg(long = "kafka-snapshot-chunk-rows", value_name = "ROWS", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
     snapshot_chunk_rows: u32,
+    /// A snapshot chunk ends once its rows' values (as text) reach about
+    /// this many bytes, bounding its memory and its Kafka transaction; the
+    /// next chunk asks for as many rows as that one kept, and full chunks
+    /// double it back up to --kafka-snapshot-chunk-rows.
+    #[arg(long = "kafka-snapshot-chunk-bytes", value_name = "BYTES", default_value_t = 8 << 20, value_parser = clap::value_parser!(u64).range(1..))]
+    snapshot_chunk_bytes: u64,
     /// Ignore snapshot signals (logical messages with prefix
     /// 'pgwal.snapshot' and content {"tables": ["schema.table", ...]},
     /// which otherwise start a snapshot of those tables while streaming).
@@ -358,6 +364,7 @@ pub(crate) async fn run(
     sink.initial_snapshot = initial_snapshot;
     sink.snapshot_signals = !a.no_snapshot_signals;
     sink.snapshot_chunk_rows = a.snapshot_chunk_rows as usize;
+    sink.snapshot_chunk_bytes = usize::try_from(a.snapshot_chunk_bytes).unwrap_or(usize::MAX);
     sink.snapshot_read_only = a.snapshot_read_only;
     if a.avro {
         let mut r = RegistryConfig::new(a.schema_registry.expect("required by --kafka-avro"));
@@ -402,7 +409,7 @@ pub(crate) async fn run(
     }
     let stats = pgwal_kafka::run(config, stream, sink, stop).await?;
     eprintln!(
-        "pgwal: kafka: {} transactions, {} records ({} bytes) in {} Kafka transactions; {} received again and skipped, {} spilled, {} restarts after Kafka errors, {} starts ahead of the slot, {} heartbeats, {} bad changes skipped, {} dead-lettered, {} snapshot rows in {} chunks ({} read-only, {} read again); Kafka holds everything up to {}",
+        "pgwal: kafka: {} transactions, {} records ({} bytes) in {} Kafka transactions; {} received again and skipped, {} spilled, {} restarts after Kafka errors, {} starts ahead of the slot, {} heartbeats, {} bad changes skipped, {} dead-lettered, {} snapshot rows in {} chunks ({} read-only, {} read again), {} tables left out of snapshots; Kafka holds everything up to {}",
         stats.transactions,
         stats.records,
         stats.bytes,
@@ -418,6 +425,7 @@ pub(crate) async fn run(
         stats.snapshot_chunks,
         stats.snapshot_read_only_chunks,
         stats.snapshot_rereads,
+        stats.snapshot_tables_left_out,
         stats
             .position
             .map_or_else(|| "nothing yet".to_owned(), |l| l.to_string())

@@ -25,6 +25,11 @@ pub struct SinkLive {
     reconnects: AtomicU64,
     bad_skipped: AtomicU64,
     dead_lettered: AtomicU64,
+    snapshot_rows: AtomicU64,
+    snapshot_chunks: AtomicU64,
+    snapshot_rereads: AtomicU64,
+    snapshot_tables_left_out: AtomicU64,
+    snapshot_tables_queued: AtomicU64,
     kafka_position: AtomicU64,
     confirmed: AtomicU64,
     server_end: AtomicU64,
@@ -91,6 +96,28 @@ impl SinkLive {
     /// Changes written to the dead-letter topic.
     pub fn dead_lettered(&self) -> u64 {
         self.dead_lettered.load(Ordering::Relaxed)
+    }
+    /// Rows snapshots wrote (read records).
+    pub fn snapshot_rows(&self) -> u64 {
+        self.snapshot_rows.load(Ordering::Relaxed)
+    }
+    /// Snapshot chunks read.
+    pub fn snapshot_chunks(&self) -> u64 {
+        self.snapshot_chunks.load(Ordering::Relaxed)
+    }
+    /// Snapshot chunks thrown away and read again.
+    pub fn snapshot_rereads(&self) -> u64 {
+        self.snapshot_rereads.load(Ordering::Relaxed)
+    }
+    /// Tables snapshots left out (no usable key, or a permanent error
+    /// under a bad-record policy other than `Fail`).
+    pub fn snapshot_tables_left_out(&self) -> u64 {
+        self.snapshot_tables_left_out.load(Ordering::Relaxed)
+    }
+    /// Tables the running snapshot still has to read, the one being read
+    /// included (0: no snapshot runs).
+    pub fn snapshot_tables_queued(&self) -> u64 {
+        self.snapshot_tables_queued.load(Ordering::Relaxed)
     }
     /// Where Kafka's committed progress stands.
     pub fn kafka_position(&self) -> Lsn {
@@ -205,6 +232,18 @@ impl SinkLive {
         } else {
             self.bad_skipped.fetch_add(1, Ordering::Relaxed);
         }
+    }
+    pub(crate) fn snapshot(&self, stats: &crate::SinkStats, tables_queued: usize) {
+        self.snapshot_rows
+            .store(stats.snapshot_rows, Ordering::Relaxed);
+        self.snapshot_chunks
+            .store(stats.snapshot_chunks, Ordering::Relaxed);
+        self.snapshot_rereads
+            .store(stats.snapshot_rereads, Ordering::Relaxed);
+        self.snapshot_tables_left_out
+            .store(stats.snapshot_tables_left_out, Ordering::Relaxed);
+        self.snapshot_tables_queued
+            .store(tables_queued as u64, Ordering::Relaxed);
     }
     pub(crate) fn positions(&self, kafka: Option<Lsn>, confirmed: Lsn, server_end: Lsn) {
         if let Some(k) = kafka {

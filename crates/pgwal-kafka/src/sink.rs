@@ -127,8 +127,14 @@ pub struct SinkConfig {
     /// Follow snapshot signals: transactional logical messages with prefix
     /// [`snapshot::SIGNAL_PREFIX`] (14+; ignored before).
     pub snapshot_signals: bool,
-    /// Rows a snapshot reads at a time.
+    /// Rows a snapshot reads at a time, at most.
     pub snapshot_chunk_rows: usize,
+    /// A snapshot chunk ends once its rows' values (as text) reach about
+    /// this many bytes; the next chunk then asks for as many rows as this
+    /// one kept, and later full chunks double it back up to
+    /// `snapshot_chunk_rows`. Bounds the Kafka transaction of a chunk of
+    /// wide rows.
+    pub snapshot_chunk_bytes: usize,
     /// Snapshot chunks write nothing to the source: each chunk's window
     /// ends where the stream passes the WAL position read with it, instead
     /// of at a watermark message (see [`crate::snapshot`]). Chunks read
@@ -170,6 +176,7 @@ impl SinkConfig {
             initial_snapshot: false,
             snapshot_signals: true,
             snapshot_chunk_rows: 4096,
+            snapshot_chunk_bytes: 8 << 20,
             snapshot_read_only: false,
             avro: None,
         }
@@ -367,6 +374,10 @@ pub struct SinkStats {
     /// touched the table committed while the chunk waited for its
     /// watermark.
     pub snapshot_rereads: u64,
+    /// Tables a snapshot left out: no key, a key that cannot page through
+    /// them, or (under a bad-record policy other than `Fail`) an error
+    /// that would recur on every try.
+    pub snapshot_tables_left_out: u64,
 }
 
 /// Streams `stream` through `pg` into Kafka until `stop` completes, the
@@ -596,6 +607,13 @@ struct Session<'a> {
     /// The chunk waiting for its watermark, and when the next may be read.
     chunk: Option<Chunk>,
     next_chunk_at: Instant,
+    /// Rows the next chunk asks for (below `snapshot_chunk_rows` after a
+    /// chunk cut at the byte limit or one that took too long).
+    chunk_rows: usize,
+    /// Chunks and rows of the snapshot's current table this session wrote
+    /// (logged when the table is done).
+    table_chunks: u64,
+    table_rows: u64,
     /// When to ask the server for its position, for a read-only chunk.
     ask_position_at: Option<Instant>,
     /// Transactions written while a snapshot runs, with the rows they
@@ -657,6 +675,9 @@ impl<'a> Session<'a> {
             snapshot_committed: None,
             chunk: None,
             next_chunk_at: Instant::now(),
+            chunk_rows: usize::MAX,
+            table_chunks: 0,
+            table_rows: 0,
             ask_position_at: None,
             written_rows: HashMap::new(),
             current_rows: WrittenRows::default(),
@@ -807,27 +828,26 @@ impl<'a> Session<'a> {
             self.snapshot = None;
             return Ok(());
         };
-        let after = cursor.after.clone();
+        let position = cursor.position.clone();
         let pubs = self.publications.clone();
         let keys = self.keys.clone();
-        let limit = self.sink.snapshot_chunk_rows.max(1);
-        let read_only = self.sink.snapshot_read_only;
+        let limits = snapshot::ChunkLimits {
+            rows: self
+                .chunk_rows
+                .clamp(1, self.sink.snapshot_chunk_rows.max(1)),
+            bytes: self.sink.snapshot_chunk_bytes,
+            statement_timeout: self.lookup_timeout,
+            read_only: self.sink.snapshot_read_only,
+        };
         let timeout = self.lookup_timeout;
         let read = async {
             let client = self.catalog().await?;
-            snapshot::read_chunk(
-                client,
-                &pubs,
-                (&schema, &table),
-                after.as_deref(),
-                limit,
-                &keys,
-                read_only,
-            )
-            .await
+            snapshot::read_chunk(client, &pubs, (&schema, &table), &position, limits, &keys).await
         };
+        // the server cancels the chunk's query at the same timeout; this
+        // one also covers a server that does not answer at all
         let r = match timeout {
-            Some(t) => tokio::time::timeout(t, read)
+            Some(t) => tokio::time::timeout(t + Duration::from_secs(5), read)
                 .await
                 .unwrap_or(Err(SnapshotError::Postgres(pgwal::Error::ReceiveTimeout {
                     after: t,
@@ -835,29 +855,57 @@ impl<'a> Session<'a> {
                 }))),
             None => read.await,
         };
+        let name = format!("{schema}.{table}");
         let chunk = match r {
             Ok(Some(chunk)) => chunk,
             Ok(None) => {
-                tracing::warn!(table = %format!("{schema}.{table}"), "not a published table (any more); left out of the snapshot");
+                tracing::warn!(table = %name, "not a published table (any more); left out of the snapshot");
                 self.table_done();
+                return Ok(());
+            }
+            Err(SnapshotError::Postgres(e))
+                if e.code() == Some("57014")
+                    || matches!(e, pgwal::Error::ReceiveTimeout { .. }) =>
+            {
+                // too slow for the timeout: smaller chunks
+                self.catalog = None;
+                self.chunk_rows = (limits.rows / 2).max(1);
+                tracing::warn!(table = %name, error = %e, rows_next = self.chunk_rows, "snapshot chunk took too long; trying again in a second with fewer rows");
+                self.next_chunk_at = Instant::now() + Duration::from_secs(1);
                 return Ok(());
             }
             Err(SnapshotError::Postgres(e)) if e.is_transient() => {
                 self.catalog = None;
-                tracing::warn!(error = %e, "snapshot chunk failed; trying again in a second");
+                tracing::warn!(table = %name, error = %e, "snapshot chunk failed; trying again in a second");
                 self.next_chunk_at = Instant::now() + Duration::from_secs(1);
                 return Ok(());
             }
-            Err(e @ SnapshotError::NoKey { .. }) => {
-                // fatal, it would stop every restart too: the cursor names it
+            Err(e @ (SnapshotError::NoKey { .. } | SnapshotError::KeyNotUnique { .. })) => {
+                // it would stop every restart too: the cursor names it
+                self.stats.snapshot_tables_left_out += 1;
                 tracing::error!(error = %e, "left out of the snapshot; signal it again once it has a key");
                 self.table_done();
                 return Ok(());
             }
             Err(e) => {
                 self.catalog = None;
-                return Err(Failure::Other(e.into()));
+                if matches!(self.sink.bad_records, BadRecordPolicy::Fail) {
+                    return Err(Failure::Other(e.into()));
+                }
+                // the cursor names the table: failing would fail every
+                // restart until the cause is gone
+                self.stats.snapshot_tables_left_out += 1;
+                tracing::error!(table = %name, error = %e, "left out of the snapshot under --kafka-bad-records; signal it again once the cause is gone");
+                self.table_done();
+                return Ok(());
             }
+        };
+        // a chunk cut at the byte limit sizes the next; full chunks grow
+        // it back
+        self.chunk_rows = if chunk.cut_by_bytes {
+            chunk.rows.len().max(1)
+        } else {
+            limits.rows.saturating_mul(2)
         };
         self.stats.snapshot_chunks += 1;
         self.stats.snapshot_read_only_chunks += u64::from(chunk.high.is_some());
@@ -985,6 +1033,8 @@ impl<'a> Session<'a> {
             }
         }
         self.stats.snapshot_rows += n;
+        self.table_chunks += 1;
+        self.table_rows += n;
         let cursor = self
             .snapshot
             .as_mut()
@@ -993,7 +1043,7 @@ impl<'a> Session<'a> {
         if chunk.table_done {
             self.table_done();
         } else {
-            cursor.after = chunk.last_key;
+            cursor.position = chunk.position;
         }
         Ok(())
     }
@@ -1005,9 +1055,17 @@ impl<'a> Session<'a> {
         };
         if !cursor.tables.is_empty() {
             let (schema, table) = cursor.tables.remove(0);
-            tracing::info!(table = %format!("{schema}.{table}"), rows_so_far = cursor.rows, "snapshot of a table done");
+            tracing::info!(
+                table = %format!("{schema}.{table}"),
+                rows = self.table_rows,
+                chunks = self.table_chunks,
+                rows_so_far = cursor.rows,
+                "snapshot of a table done (rows and chunks: written by this session)"
+            );
         }
-        cursor.after = None;
+        cursor.position = snapshot::TablePosition::default();
+        self.table_chunks = 0;
+        self.table_rows = 0;
         if cursor.tables.is_empty() {
             tracing::info!(rows = cursor.rows, "snapshot finished");
             self.snapshot = None;
@@ -1162,6 +1220,10 @@ impl<'a> Session<'a> {
             {
                 self.read_chunk().await?;
             }
+            self.sink.live.snapshot(
+                self.stats,
+                self.snapshot.as_ref().map_or(0, |s| s.tables.len()),
+            );
             self.sink
                 .live
                 .positions(None, stream.confirmed(), stream.server_wal_end());

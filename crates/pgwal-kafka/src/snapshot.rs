@@ -84,11 +84,36 @@ pub struct SnapshotCursor {
     /// The tables still to read, as (schema, table); the first is being
     /// read.
     pub tables: Vec<(String, String)>,
-    /// The key (its columns' text values) of the last row read of the
-    /// first table; `None`: from its start.
-    pub after: Option<Vec<String>>,
+    /// How far the first table has been read.
+    #[serde(flatten)]
+    pub position: TablePosition,
     /// Rows written so far by this snapshot.
     pub rows: u64,
+}
+
+/// How far a snapshot has read its current table. Records written before
+/// the last three fields existed have `after` only, and are read as
+/// before: without an upper bound, trusting that the table and its key
+/// did not change.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct TablePosition {
+    /// The key (its columns' text values) of the last row read; `None`:
+    /// from the table's start.
+    pub after: Option<Vec<String>>,
+    /// The key columns `after` and `until` hold values of. A table whose
+    /// key changed since is read again from its start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_columns: Option<Vec<String>>,
+    /// The table's largest key when its first chunk was read. Rows with a
+    /// larger key were written later, so the stream carries them, and the
+    /// snapshot stops here instead of chasing the table's tail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<Vec<String>>,
+    /// The table's OID when its first chunk was read. A table dropped and
+    /// created again under its name is another table, read from its start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oid: Option<u32>,
 }
 
 impl SnapshotCursor {
@@ -103,7 +128,7 @@ impl SnapshotCursor {
                     None => ("public".to_owned(), t),
                 })
                 .collect(),
-            after: None,
+            position: TablePosition::default(),
             rows: 0,
         }
     }
@@ -133,6 +158,19 @@ pub enum SnapshotError {
         schema: String,
         /// Table.
         table: String,
+    },
+    /// The key columns cannot page through the table: keyset paging
+    /// (`WHERE (key) > (last) ORDER BY key`) would skip rows whose key
+    /// repeats across a chunk's end, and never reach rows with a NULL in
+    /// it.
+    #[error("{schema}.{table} cannot be snapshotted by its key columns ({}): they must be NOT NULL and hold the columns of a unique index (not partial, no expressions); add one, or name other key columns with --kafka-key-columns", columns.join(", "))]
+    KeyNotUnique {
+        /// Schema.
+        schema: String,
+        /// Table.
+        table: String,
+        /// The key columns.
+        columns: Vec<String>,
     },
     /// A value the server returned that pgwal cannot read.
     #[error("snapshot of {table}: {what}")]
@@ -185,10 +223,13 @@ pub(crate) struct Chunk {
     pub rows: Vec<Option<Row>>,
     /// Each row's key (pgwal's JSON of its key columns) → index in `rows`.
     pub index: HashMap<Vec<u8>, usize>,
-    /// The key of the chunk's last row, the cursor after it.
-    pub last_key: Option<Vec<String>>,
-    /// Fewer rows than asked for: the table is done after this chunk.
+    /// The cursor after the chunk.
+    pub position: TablePosition,
+    /// The table is done after this chunk: fewer rows than asked for, or
+    /// its last row is the table's largest key at its start.
     pub table_done: bool,
+    /// The chunk ended early, at the byte limit.
+    pub cut_by_bytes: bool,
     /// Read again: a streamed transaction that touched the table committed
     /// in the window.
     pub abandoned: bool,
@@ -262,32 +303,49 @@ struct Described {
     partitioned: bool,
 }
 
-/// Reads the next chunk of `table` after `after` (at most `limit` rows) in
-/// one transaction on `sql`, and emits its watermark. `publications` say
-/// which columns and rows are published. `None`: the table is no longer
-/// there or no longer published (it is left out of the snapshot).
-#[allow(clippy::too_many_arguments)]
+/// How a chunk is read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ChunkLimits {
+    /// At most this many rows.
+    pub rows: usize,
+    /// Rows up to about this many bytes of values (the first row always).
+    pub bytes: usize,
+    /// The server cancels the chunk's queries after this long, so that a
+    /// chunk the sink gave up on does not run on in the server.
+    pub statement_timeout: Option<std::time::Duration>,
+    /// Chunks end at a WAL position, not at a watermark.
+    pub read_only: bool,
+}
+
+/// Reads the next chunk of `table` from `position` in one transaction on
+/// `sql`, and emits its watermark. `publications` say which columns and
+/// rows are published. `None`: the table is no longer there or no longer
+/// published (it is left out of the snapshot).
 pub(crate) async fn read_chunk(
     sql: &mut ReplicationClient,
     publications: &[String],
     (schema, table): (&str, &str),
-    after: Option<&[String]>,
-    limit: usize,
+    position: &TablePosition,
+    limits: ChunkLimits,
     keys: &KeyColumns,
-    read_only: bool,
 ) -> Result<Option<Chunk>, SnapshotError> {
     sql.simple_query("BEGIN ISOLATION LEVEL REPEATABLE READ")
         .await?;
-    let r = read_chunk_in(
-        sql,
-        publications,
-        (schema, table),
-        after,
-        limit,
-        keys,
-        read_only,
-    )
-    .await;
+    let r = match limits.statement_timeout {
+        Some(t) => sql
+            .simple_query(&format!(
+                "SET LOCAL statement_timeout = {}",
+                t.as_millis().max(1)
+            ))
+            .await
+            .map(drop)
+            .map_err(SnapshotError::from),
+        None => Ok(()),
+    };
+    let r = match r {
+        Ok(()) => read_chunk_in(sql, publications, (schema, table), position, limits, keys).await,
+        Err(e) => Err(e),
+    };
     let end = if r.as_ref().is_ok_and(Option::is_some) {
         "COMMIT"
     } else {
@@ -305,16 +363,19 @@ pub(crate) async fn read_chunk(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn read_chunk_in(
     sql: &mut ReplicationClient,
     publications: &[String],
     (schema, table): (&str, &str),
-    after: Option<&[String]>,
-    limit: usize,
+    position: &TablePosition,
+    limits: ChunkLimits,
     keys: &KeyColumns,
-    read_only: bool,
 ) -> Result<Option<Chunk>, SnapshotError> {
+    let ChunkLimits {
+        rows: limit,
+        read_only,
+        ..
+    } = limits;
     let name = format!("{schema}.{table}");
     let bad = |what: String| SnapshotError::BadResult {
         table: name.clone(),
@@ -428,41 +489,75 @@ async fn read_chunk_in(
         .chain(key_cols.iter().map(|k| quote_ident(k)))
         .collect();
     let key_list: Vec<String> = key_cols.iter().map(|k| quote_ident(k)).collect();
-    let mut conditions = Vec::new();
-    if let Some(f) = &p.row_filter {
-        conditions.push(f.clone());
+    key_pages_through(sql, rel.oid, &key_cols, schema, table).await?;
+    // a cursor of another table under this name, or of another key, says
+    // nothing of this one: read it from its start
+    let same_table = position.oid.is_none_or(|o| o == rel.oid);
+    let same_key = position.key_columns.as_ref().is_none_or(|k| *k == key_cols)
+        && position
+            .after
+            .as_ref()
+            .is_none_or(|a| a.len() == key_cols.len());
+    let mut position = position.clone();
+    if !(same_table && same_key) {
+        tracing::warn!(
+            table = %name,
+            key = %key_cols.join(", "),
+            "the table was created again or its key changed since the snapshot's last chunk; reading it again from its start"
+        );
+        position = TablePosition::default();
     }
-    if let Some(after) = after {
-        if after.len() != key_cols.len() {
-            return Err(bad(format!(
-                "the cursor has {} key values, the key {} columns ({})",
-                after.len(),
-                key_cols.len(),
-                key_cols.join(", ")
-            )));
-        }
-        let values: Vec<String> = after
+    let cast = |values: &[String]| -> String {
+        values
             .iter()
             .zip(&key_types)
             .map(|(v, t)| format!("{}::{t}", quote_literal(v)))
-            .collect();
-        conditions.push(format!(
-            "({}) > ({})",
-            key_list.join(", "),
-            values.join(", ")
-        ));
-    }
-    let query = format!(
-        "SELECT {} FROM {}{}.{}{} ORDER BY {} LIMIT {limit}",
-        list.join(", "),
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let from = format!(
+        "{}{}.{}",
         if d.partitioned { "" } else { "ONLY " },
         quote_ident(schema),
         quote_ident(table),
+    );
+    let filter = p.row_filter.clone();
+    let where_clause = |conditions: &[String]| {
         if conditions.is_empty() {
             String::new()
         } else {
             format!(" WHERE {}", conditions.join(" AND "))
-        },
+        }
+    };
+    if position.after.is_none() {
+        // the table's first chunk: its largest key now bounds the snapshot
+        let q = format!(
+            "SELECT {} FROM {from}{} ORDER BY {} LIMIT 1",
+            key_list.join(", "),
+            where_clause(filter.as_slice()),
+            key_list
+                .iter()
+                .map(|k| format!("{k} DESC"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
+        position.until = sql.simple_query(&q).await?.first().map(|r| {
+            (0..key_cols.len())
+                .map(|i| r.get_index(i).unwrap_or_default().to_owned())
+                .collect()
+        });
+    }
+    let mut conditions: Vec<String> = filter.into_iter().collect();
+    if let Some(after) = &position.after {
+        conditions.push(format!("({}) > ({})", key_list.join(", "), cast(after)));
+    }
+    if let Some(until) = &position.until {
+        conditions.push(format!("({}) <= ({})", key_list.join(", "), cast(until)));
+    }
+    let query = format!(
+        "SELECT {} FROM {from}{} ORDER BY {} LIMIT {limit}",
+        list.join(", "),
+        where_clause(&conditions),
         key_list.join(", "),
     );
     let result = sql.simple_query(&query).await?;
@@ -470,6 +565,8 @@ async fn read_chunk_in(
     let mut rows = Vec::with_capacity(result.len());
     let mut index = HashMap::with_capacity(result.len());
     let mut last_key = None;
+    let mut bytes = 0;
+    let mut cut_by_bytes = false;
     for r in &result {
         let values: Vec<ColumnValue> = (0..n)
             .map(|i| match r.get_index(i) {
@@ -477,6 +574,12 @@ async fn read_chunk_in(
                 None => ColumnValue::Null,
             })
             .collect();
+        let size: usize = (0..n).map(|i| r.get_index(i).map_or(0, str::len)).sum();
+        if !rows.is_empty() && bytes + size > limits.bytes {
+            cut_by_bytes = true;
+            break;
+        }
+        bytes += size;
         let row = Row::new(rel.clone(), TupleData(values));
         let key: Option<Vec<String>> = (n..n + key_cols.len())
             .map(|i| r.get_index(i).map(str::to_owned))
@@ -498,6 +601,14 @@ async fn read_chunk_in(
         rows.push(Some(row));
         last_key = Some(key);
     }
+    let table_done = !cut_by_bytes
+        && (result.len() < limit || (last_key.is_some() && last_key == position.until));
+    let position = TablePosition {
+        after: last_key.or(position.after),
+        key_columns: Some(key_cols),
+        until: position.until,
+        oid: Some(rel.oid),
+    };
     let id = watermark_id();
     if high.is_none() {
         sql.simple_query(&format!(
@@ -511,10 +622,11 @@ async fn read_chunk_in(
         id,
         high,
         relation: d.relation,
-        table_done: rows.len() < limit,
+        table_done,
+        cut_by_bytes,
         rows,
         index,
-        last_key,
+        position,
         abandoned: false,
         in_progress,
         xmax,
@@ -522,6 +634,58 @@ async fn read_chunk_in(
         prepared,
         primary_key,
     }))
+}
+
+/// Refuses key columns that cannot page through the table: they must be
+/// NOT NULL and hold every key column of a valid unique index that is not
+/// partial and has no expressions (a primary key or a replica identity
+/// index always does). Keyset paging over anything else skips rows whose
+/// key repeats across a chunk's end, or that have a NULL in it.
+async fn key_pages_through(
+    sql: &mut ReplicationClient,
+    oid: u32,
+    key_cols: &[String],
+    schema: &str,
+    table: &str,
+) -> Result<(), SnapshotError> {
+    let names = format!(
+        "ARRAY[{}]::pg_catalog.name[]",
+        key_cols
+            .iter()
+            .map(|k| quote_literal(k))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let r = sql
+        .simple_query(&format!(
+            "SELECT (SELECT pg_catalog.count(*) FROM pg_catalog.pg_attribute a \
+                     WHERE a.attrelid = {oid} AND a.attname = ANY ({names}) \
+                       AND a.attnotnull AND NOT a.attisdropped)::text, \
+                    EXISTS (SELECT 1 FROM pg_catalog.pg_index i \
+                            WHERE i.indrelid = {oid} AND i.indisunique AND i.indisvalid \
+                              AND i.indpred IS NULL AND i.indexprs IS NULL \
+                              AND NOT EXISTS ( \
+                                SELECT 1 FROM pg_catalog.unnest(i.indkey::pg_catalog.int2[]) \
+                                         WITH ORDINALITY k(attnum, n) \
+                                JOIN pg_catalog.pg_attribute a \
+                                  ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
+                                WHERE k.n <= i.indnkeyatts \
+                                  AND a.attname <> ALL ({names})))::text"
+        ))
+        .await?;
+    let not_null = r
+        .first()
+        .and_then(|r| r.get_index(0))
+        .and_then(|n| n.parse::<usize>().ok());
+    let unique = r.first().and_then(|r| r.get_index(1)) == Some("true");
+    if not_null == Some(key_cols.len()) && unique {
+        return Ok(());
+    }
+    Err(SnapshotError::KeyNotUnique {
+        schema: schema.into(),
+        table: table.into(),
+        columns: key_cols.to_vec(),
+    })
 }
 
 /// The end of a read-only chunk's window for a WAL position `lsn` read
@@ -663,6 +827,32 @@ mod tests {
         );
         c.add([("public".into(), "b".into()), ("x".into(), "y".into())]);
         assert_eq!(c.tables.len(), 4);
+    }
+
+    #[test]
+    fn cursors_of_earlier_versions_still_read() {
+        // written before the key columns, the bound and the OID were kept
+        let old: SnapshotCursor =
+            serde_json::from_str(r#"{"tables":[["public","t"]],"after":["5"],"rows":3}"#).unwrap();
+        assert_eq!(old.position.after, Some(vec!["5".to_owned()]));
+        assert_eq!(old.position.until, None);
+        assert_eq!(old.position.key_columns, None);
+        assert_eq!(old.position.oid, None);
+        // a fresh cursor writes what earlier versions read
+        let fresh = serde_json::to_string(&SnapshotCursor::new(vec!["t".into()])).unwrap();
+        assert_eq!(
+            fresh,
+            r#"{"tables":[["public","t"]],"after":null,"rows":0}"#
+        );
+        let mut c = SnapshotCursor::new(vec!["t".into()]);
+        c.position = TablePosition {
+            after: Some(vec!["1".into(), "a".into()]),
+            key_columns: Some(vec!["id".into(), "k".into()]),
+            until: Some(vec!["9".into(), "z".into()]),
+            oid: Some(16384),
+        };
+        let text = serde_json::to_string(&c).unwrap();
+        assert_eq!(serde_json::from_str::<SnapshotCursor>(&text).unwrap(), c);
     }
 
     #[test]
