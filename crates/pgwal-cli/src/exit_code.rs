@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | 0 | a clean stop: the stop position, Ctrl-C or SIGTERM | – |
 //! | 1 | anything else (e.g. writing the output failed) | maybe |
-//! | 2 | usage or configuration: the options or config file, the connection string, authentication (PostgreSQL or Kafka) or a setting refused | no |
+//! | 2 | usage or configuration: the options or config file, the connection string, authentication (PostgreSQL or Kafka), a setting refused, or a Kafka topic that does not exist (and is not created on first use) or may not be written | no |
 //! | 3 | the slot cannot be used as asked: missing, invalidated, two-phase (Kafka sink), ahead of what the consumer holds, or not the slot a state file belongs to; or the Kafka sink's progress record is unreadable, or names a position the server does not have | no |
 //! | 4 | retries exhausted: PostgreSQL or Kafka stayed unusable longer than pgwal retries | yes |
 //! | 5 | a change that cannot be written faithfully (e.g. an unchanged TOAST value in the Kafka sink), a snapshot chunk the sink cannot read (under `--kafka-bad-records fail`), or a transaction that takes longer to write than Kafka's transaction timeout | no |
@@ -43,7 +43,8 @@ fn class(e: &(dyn StdError + 'static)) -> u8 {
             SinkError::KafkaRefused(_)
             | SinkError::KafkaOptions { .. }
             | SinkError::TwoPhase
-            | SinkError::SnapshotUnsupported { .. } => CONFIG,
+            | SinkError::SnapshotUnsupported { .. }
+            | SinkError::TopicUnusable(_) => CONFIG,
             SinkError::Snapshot(SnapshotError::Postgres(e)) => postgres(e),
             // the cursor in Kafka names the table: a restart reads the same
             // rows again (`--kafka-bad-records skip` leaves the table out)

@@ -836,6 +836,71 @@ fn cluster_with_kslot_for(
     (c, logs)
 }
 
+/// A topic the cluster does not have and does not create on first use
+/// (`auto.create.topics.enable=false`): the sink stops with exit 2 naming
+/// the topic, after writing and acknowledging nothing, and once the topic
+/// is created the next run writes the change exactly once. Before, the
+/// commit failed without its cause and the sink started over from Kafka's
+/// progress until `retry_for` ran out (exit 4), a loop under systemd.
+#[test]
+fn kafka_sink_stops_on_a_topic_the_cluster_does_not_create() {
+    if !broker::have_java() {
+        eprintln!("NOTICE: no java; the Kafka test is skipped");
+        return;
+    }
+    let Some((label, bin)) = support::servers().into_iter().find(|(l, _)| *l == "pg18") else {
+        eprintln!("NOTICE: no PostgreSQL 18; skipped");
+        return;
+    };
+    let _one = one_broker();
+    let b = Broker::start_set("no-auto-create", &["auto.create.topics.enable=false"]);
+    let kafka = broker::sink_args(&b.addr, &[]);
+    let (c, logs) = cluster_with_kslot_for(
+        label,
+        &bin,
+        "no-topic",
+        Options::default(),
+        "CREATE TABLE nt (id int PRIMARY KEY, v text); CREATE PUBLICATION p FOR TABLE nt;",
+    );
+    let before = c.insert_lsn();
+    c.psql("INSERT INTO nt VALUES (1, 'one');");
+    let t0 = Instant::now();
+    let (code, log) = start_sink(&c, &kafka, &logs, 0, &[]).wait_code(Duration::from_secs(240));
+    assert_eq!(
+        code,
+        Some(2),
+        "{label}: not exit 2 on a missing topic:\n{log}"
+    );
+    assert!(
+        log.contains("Kafka topic pgwal.public.nt cannot be written"),
+        "{label}: the error does not name the topic:\n{log}"
+    );
+    let stopped_after = t0.elapsed();
+    assert!(
+        kslot_position(&c) <= before,
+        "{label}: the slot moved past a change Kafka does not hold"
+    );
+    assert!(
+        kafka_progress_value(&b.addr, &c).is_none(),
+        "{label}: a progress record without the change"
+    );
+    b.create_topic(&topic("nt"));
+    let end = c.insert_lsn();
+    let (ok, log) = start_sink(&c, &kafka, &logs, 1, &["--stop-lsn", &end.to_string()])
+        .wait(Duration::from_secs(120));
+    assert!(
+        ok,
+        "{label}: the run after the topic was created failed:\n{log}"
+    );
+    let records = read_all(&b.addr, &[&topic("nt")], "read_committed");
+    assert_eq!(records.len(), 1, "{label}: {} records", records.len());
+    let _ = std::fs::remove_dir_all(&logs);
+    eprintln!(
+        "{label}: stopped with exit 2 after {stopped_after:.1?}, naming the topic; \
+         after it was created, 1 record, exactly once"
+    );
+}
+
 /// `kslot`'s confirmed position.
 fn kslot_position(c: &Cluster) -> Lsn {
     c.query("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'kslot'")
@@ -3014,6 +3079,100 @@ fn kafka_sink_snapshot_through_key_changes_unpageable_keys_a_growing_tail_and_wi
         a.values().sum::<u32>(),
         t.elapsed()
     );
+}
+
+/// A snapshot by a role that cannot see other roles' transactions in
+/// `pg_stat_activity` (not a superuser, not in `pg_read_all_stats`) cannot
+/// tell that a commit waits for a synchronous standby: the sink says so
+/// in its log, once, and not after the role is granted
+/// `pg_read_all_stats`.
+#[test]
+fn kafka_sink_snapshot_warns_a_role_without_pg_read_all_stats() {
+    if !broker::have_java() {
+        eprintln!("NOTICE: no java; the Kafka snapshot test is skipped");
+        return;
+    }
+    let Some((label, bin)) = support::servers().into_iter().find(|(l, _)| *l == "pg18") else {
+        eprintln!("NOTICE: no PostgreSQL 18; skipped");
+        return;
+    };
+    let _one = one_broker();
+    let b = Broker::start("snapshot-role");
+    let kafka = broker::sink_args(&b.addr, &[]);
+    let (c, logs) = cluster_with_kslot_for(
+        label,
+        &bin,
+        "snapshot-role",
+        Options::default(),
+        "CREATE TABLE w (id int PRIMARY KEY);
+         INSERT INTO w SELECT generate_series(1, 100);
+         CREATE PUBLICATION p FOR TABLE w;
+         CREATE ROLE snapper LOGIN REPLICATION;
+         GRANT SELECT ON w TO snapper;",
+    );
+    let conninfo = c.conninfo("snapper");
+    let warning = "neither a superuser nor a member of pg_read_all_stats";
+    let snapshot_done = |sink: &mut Sink, after: Lsn| {
+        let t0 = Instant::now();
+        loop {
+            let p = kafka_progress_value(&b.addr, &c);
+            if let Some(p) = p {
+                let end: Lsn = p["end_lsn"].as_str().unwrap().parse().unwrap();
+                if end > after && p.get("snapshot").is_none() {
+                    return;
+                }
+            }
+            sink.assert_running(label);
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "{label}: no snapshot in 60 s:\n{}",
+                sink.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let args = ["--snapshot", "--kafka-snapshot-read-only"];
+    let mut sink = start_sink_in(None, &conninfo, &kafka, &logs, 0, &args);
+    snapshot_done(&mut sink, Lsn(0));
+    let (ok, log) = sink.terminate();
+    assert!(ok, "{label}: pgwal failed:\n{log}");
+    assert_eq!(
+        log.matches(warning).count(),
+        1,
+        "{label}: not warned once:\n{log}"
+    );
+    assert!(
+        log.contains(r#"role="snapper""#),
+        "{label}: the role is not named:\n{log}"
+    );
+    // granted, a signalled snapshot reads without the warning
+    c.psql("GRANT pg_read_all_stats TO snapper;");
+    let out = Command::new(env!("CARGO_BIN_EXE_pgwal"))
+        .arg("-d")
+        .arg(format!("{} sslmode=disable", c.conninfo("postgres")))
+        .args(["snapshot", "--table", "public.w"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{label}: pgwal snapshot failed: {out:?}"
+    );
+    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let signal: Lsn = printed["lsn"].as_str().unwrap().parse().unwrap();
+    let mut sink = start_sink_in(None, &conninfo, &kafka, &logs, 1, &args);
+    snapshot_done(&mut sink, signal);
+    let (ok, log) = sink.terminate();
+    assert!(ok, "{label}: pgwal failed:\n{log}");
+    assert!(
+        log.contains("snapshot of a table done"),
+        "{label}: no snapshot:\n{log}"
+    );
+    assert!(
+        !log.contains(warning),
+        "{label}: warned with the role granted:\n{log}"
+    );
+    let _ = std::fs::remove_dir_all(&logs);
+    eprintln!("{label}: warned once without pg_read_all_stats, not with it");
 }
 
 /// The verdicts on a snapshot test's topics once the sink caught up to

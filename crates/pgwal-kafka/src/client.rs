@@ -31,6 +31,11 @@ struct BrokerErrors {
     /// sums the others up, when there was no other: librdkafka does not
     /// always say why a connection closed).
     unreachable: Option<String>,
+    /// The first record a broker would not take because of its topic
+    /// (unknown, or not authorized): the topic and the reason. Whether
+    /// that lasts is checked against the cluster's metadata when the
+    /// commit fails.
+    undeliverable: Option<(String, String)>,
 }
 
 /// The context: cheap to clone, clones share what they recorded.
@@ -51,6 +56,16 @@ impl Context {
         e.refused.clone().or_else(|| e.unreachable.clone())
     }
 
+    /// Takes the first topic a record could not be delivered to, if any,
+    /// with the reason.
+    pub(crate) fn take_undeliverable(&self) -> Option<(String, String)> {
+        self.errors
+            .lock()
+            .expect("not poisoned")
+            .undeliverable
+            .take()
+    }
+
     /// Completes when a broker refused a connection (polled: librdkafka's
     /// callbacks run on its own threads).
     pub(crate) async fn refusal(&self) -> String {
@@ -61,6 +76,19 @@ impl Context {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     }
+}
+
+/// Whether a delivery failed because of its topic: unknown to the
+/// cluster (not there, and not created for pgwal), or not authorized.
+pub(crate) fn topic_refused(code: Option<RDKafkaErrorCode>) -> bool {
+    matches!(
+        code,
+        Some(
+            RDKafkaErrorCode::UnknownTopicOrPartition
+                | RDKafkaErrorCode::UnknownTopic
+                | RDKafkaErrorCode::TopicAuthorizationFailed
+        )
+    )
 }
 
 /// Whether an error event is a refusal: the broker answered, and TLS or
@@ -125,8 +153,19 @@ impl ProducerContext for Context {
     type DeliveryOpaque = ();
 
     // a failed delivery fails the Kafka transaction's commit, which is
-    // where the sink sees it
-    fn delivery(&self, _: &DeliveryResult<'_>, _: ()) {}
+    // where the sink sees it; a topic's failure is kept, so that the
+    // commit's error can name it
+    fn delivery(&self, r: &DeliveryResult<'_>, _: ()) {
+        use rdkafka::Message;
+        if let Err((e, m)) = r {
+            if topic_refused(e.rdkafka_error_code()) {
+                let mut errors = self.errors.lock().expect("not poisoned");
+                errors
+                    .undeliverable
+                    .get_or_insert_with(|| (m.topic().to_owned(), e.to_string()));
+            }
+        }
+    }
 }
 
 impl ConsumerContext for Context {}

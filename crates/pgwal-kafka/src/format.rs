@@ -155,11 +155,12 @@ pub enum FormatError {
     },
     /// An update whose unchanged TOAST value the server did not send: the
     /// new row is incomplete, and a placeholder would be written into every
-    /// destination. Use `REPLICA IDENTITY FULL` on the table, or the
-    /// stream's TOAST cache (`StreamConfig::toast_cache_rows`).
+    /// destination. Use `REPLICA IDENTITY FULL` on the table; a library
+    /// user may also fill such values from an earlier image of the row
+    /// (`StreamConfig::toast_cache_rows`), which the CLI does not offer.
     #[error(
         "{table}.{column}: unchanged TOAST value not sent by the server; set REPLICA IDENTITY FULL \
-         on the table or enable the stream's TOAST cache, rather than write a placeholder"
+         on the table, rather than write a placeholder"
     )]
     UnchangedToast {
         /// `schema.table`.

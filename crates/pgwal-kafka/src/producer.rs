@@ -76,6 +76,29 @@ pub enum ProducerError {
         /// The last answer.
         source: KafkaError,
     },
+    /// Records could not be delivered to a topic that the cluster does
+    /// not have (and does not create: `auto.create.topics.enable=false`)
+    /// or does not let pgwal write (an ACL). Checked against the cluster's
+    /// metadata after the commit failed: every retry would fail the same
+    /// way until the topic is created or the ACL granted.
+    #[error("Kafka topic {topic} cannot be written: {reason}; create it (the broker does not create topics on first use) or grant pgwal's principal WRITE on it")]
+    TopicUnusable {
+        /// The topic.
+        topic: String,
+        /// The delivery error, and what the metadata said.
+        reason: String,
+    },
+    /// The broker is still completing a transaction of an earlier producer
+    /// with this transactional id (one killed, or cut off, while it
+    /// committed or aborted): `init_transactions` waits for it, and pgwal
+    /// tries again. It lasts at most until that transaction times out.
+    #[error("Kafka: the broker is still completing a transaction of an earlier producer with transactional id {transactional_id} (one killed or cut off while it committed); trying again: {source}")]
+    EarlierTransactionOpen {
+        /// The transactional id.
+        transactional_id: String,
+        /// librdkafka's error.
+        source: KafkaError,
+    },
     /// A progress record that is not one.
     #[error("progress topic {topic}: record for {key} at offset {offset} is not a position")]
     BadProgress {
@@ -140,6 +163,9 @@ pub struct KafkaProducer {
     /// `transaction.timeout.ms`: the broker aborts a transaction open longer.
     transaction_timeout: Duration,
     queue_full_waits: u64,
+    /// The topics the open transaction wrote: after a failed commit, each
+    /// is looked up in the cluster's metadata.
+    topics: Vec<String>,
 }
 
 async fn blocking<T: Send + 'static>(
@@ -182,7 +208,21 @@ impl KafkaProducer {
             let p = producer.clone();
             let t = config.timeout;
             let t0 = std::time::Instant::now();
-            blocking(move || p.init_transactions(t)).await?;
+            let id = config.transactional_id.clone();
+            blocking(move || p.init_transactions(t))
+                .await
+                .map_err(|e| match e {
+                    ProducerError::Kafka(source)
+                        if source.rdkafka_error_code()
+                            == Some(rdkafka::types::RDKafkaErrorCode::ConcurrentTransactions) =>
+                    {
+                        ProducerError::EarlierTransactionOpen {
+                            transactional_id: id,
+                            source,
+                        }
+                    }
+                    e => e,
+                })?;
             tracing::debug!(took = ?t0.elapsed(), id = %config.transactional_id, "transactions initialised");
             Ok::<i32, ProducerError>(partitions)
         };
@@ -201,6 +241,7 @@ impl KafkaProducer {
             opened_at: None,
             transaction_timeout,
             queue_full_waits: 0,
+            topics: Vec::new(),
         })
     }
 
@@ -237,6 +278,11 @@ impl KafkaProducer {
             blocking(move || p.begin_transaction()).await?;
             self.open = true;
             self.opened_at = Some(std::time::Instant::now());
+            self.topics.clear();
+        }
+        // records come in runs of one topic: a scan only when it changes
+        if self.topics.last() != Some(&r.topic) && !self.topics.contains(&r.topic) {
+            self.topics.push(r.topic.clone());
         }
         let mut rec = BaseRecord::<Vec<u8>, Vec<u8>>::to(&r.topic);
         if let Some(k) = &r.key {
@@ -333,22 +379,58 @@ impl KafkaProducer {
         let t = self.config.timeout;
         let waits = self.queue_full_waits;
         let t0 = std::time::Instant::now();
+        let context = self.context.clone();
+        let topics = std::mem::take(&mut self.topics);
         let handle = tokio::task::spawn_blocking(move || {
             let r = p.commit_transaction(t);
-            if r.is_err() {
+            if let Err(e) = r {
                 let _ = p.abort_transaction(t);
+                if let Some(u) = unusable_topic(&p, &context, &topics, t) {
+                    return Err(u);
+                }
+                return Err(ProducerError::Kafka(e));
             }
-            r
+            Ok(())
         });
         Ok(async move {
-            let r = handle
-                .await
-                .map_err(|_| ProducerError::Join)?
-                .map_err(ProducerError::Kafka);
+            let r = handle.await.map_err(|_| ProducerError::Join)?;
             tracing::debug!(%end_lsn, took = ?t0.elapsed(), queue_full_waits = waits, "Kafka commit");
             r
         })
     }
+}
+
+/// After a failed commit: a topic of the transaction that the cluster's
+/// metadata says it does not have, or does not let pgwal write, twice a
+/// second apart (a broker that has just started may not know a topic for
+/// a moment). With a delivery that failed for that reason, if there was
+/// one (librdkafka fails records for an unknown topic only after
+/// `topic.metadata.propagation.max.ms`, so a commit can time out first).
+fn unusable_topic(
+    p: &ThreadedProducer<Context>,
+    context: &Context,
+    topics: &[String],
+    t: Duration,
+) -> Option<ProducerError> {
+    let delivery = context.take_undeliverable();
+    // a cluster in trouble is not kept waiting for on top of the commit
+    let t = t.min(Duration::from_secs(5));
+    let refused = |topic: &str| -> Option<rdkafka::types::RDKafkaErrorCode> {
+        let md = p.client().fetch_metadata(Some(topic), t).ok()?;
+        let code = rdkafka::types::RDKafkaErrorCode::from(md.topics().first()?.error()?);
+        crate::client::topic_refused(Some(code)).then_some(code)
+    };
+    let topic = topics.iter().find(|topic| refused(topic).is_some())?;
+    std::thread::sleep(Duration::from_secs(1));
+    let code = refused(topic)?;
+    let reason = match delivery {
+        Some((d, why)) if d == *topic => format!("{why}; the cluster's metadata: {code}"),
+        _ => format!("the cluster's metadata: {code}"),
+    };
+    Some(ProducerError::TopicUnusable {
+        topic: topic.clone(),
+        reason,
+    })
 }
 
 /// A Kafka error with the brokers' last connection error, when there was

@@ -264,6 +264,11 @@ pub enum SinkError {
         /// librdkafka's reason.
         reason: String,
     },
+    /// A topic the records go to does not exist and is not created on
+    /// first use, or pgwal may not write it. Nothing of the transactions
+    /// that needed it was committed or acknowledged.
+    #[error(transparent)]
+    TopicUnusable(ProducerError),
     /// The stream asks for two-phase decoding (see the module docs).
     #[error("the Kafka sink needs a stream without two-phase decoding: a transaction decoded at PREPARE may still roll back")]
     TwoPhase,
@@ -469,6 +474,9 @@ pub async fn run(
             Err(Failure::Kafka(e @ ProducerError::BadProgress { .. }, _)) => {
                 return Err(SinkError::BadProgress(e))
             }
+            Err(Failure::Kafka(e @ ProducerError::TopicUnusable { .. }, _)) => {
+                return Err(SinkError::TopicUnusable(e))
+            }
             // librdkafka refused the client configuration itself (options
             // that contradict each other): every retry would too
             Err(Failure::Kafka(ProducerError::Kafka(KafkaError::ClientCreation(reason)), _)) => {
@@ -614,6 +622,9 @@ struct Session<'a> {
     /// (logged when the table is done).
     table_chunks: u64,
     table_rows: u64,
+    /// Whether the sink's role was checked for `pg_read_all_stats` (once
+    /// a session, before its first chunk).
+    stats_role_checked: bool,
     /// When to ask the server for its position, for a read-only chunk.
     ask_position_at: Option<Instant>,
     /// Transactions written while a snapshot runs, with the rows they
@@ -678,6 +689,7 @@ impl<'a> Session<'a> {
             chunk_rows: usize::MAX,
             table_chunks: 0,
             table_rows: 0,
+            stats_role_checked: false,
             ask_position_at: None,
             written_rows: HashMap::new(),
             current_rows: WrittenRows::default(),
@@ -829,6 +841,10 @@ impl<'a> Session<'a> {
             return Ok(());
         };
         let position = cursor.position.clone();
+        if !self.stats_role_checked {
+            self.stats_role_checked = true;
+            self.check_stats_role().await;
+        }
         let pubs = self.publications.clone();
         let keys = self.keys.clone();
         let limits = snapshot::ChunkLimits {
@@ -1046,6 +1062,36 @@ impl<'a> Session<'a> {
             cursor.position = chunk.position;
         }
         Ok(())
+    }
+
+    /// Warns when the sink's role cannot see other roles' transactions in
+    /// `pg_stat_activity`: their `backend_xid` is what tells a chunk that
+    /// a commit it cannot see yet waits for a synchronous standby (see
+    /// [`crate::snapshot`]). A failed check says nothing.
+    async fn check_stats_role(&mut self) {
+        let Ok(client) = self.catalog().await else {
+            return;
+        };
+        let r = client
+            .simple_query(
+                "SELECT (pg_catalog.pg_has_role('pg_read_all_stats', 'USAGE') OR r.rolsuper)::text, \
+                        r.rolname::text \
+                 FROM pg_catalog.pg_roles r WHERE r.rolname = CURRENT_USER",
+            )
+            .await;
+        if let Ok(rows) = r {
+            if let Some(row) = rows.first() {
+                if row.get_index(0) == Some("false") {
+                    tracing::warn!(
+                        role = row.get_index(1).unwrap_or_default(),
+                        "the sink's role is neither a superuser nor a member of pg_read_all_stats: \
+                         a snapshot cannot see other roles' commits that wait for a synchronous \
+                         standby, and a chunk read while one waits may write a row's older state \
+                         after its newer change; GRANT pg_read_all_stats to the role"
+                    );
+                }
+            }
+        }
     }
 
     /// The snapshot's first table is done.

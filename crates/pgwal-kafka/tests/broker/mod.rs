@@ -191,21 +191,27 @@ fn run(args: &[&str]) -> String {
 impl Broker {
     /// A broker with a plaintext listener.
     pub fn start(label: &str) -> Broker {
-        Broker::start_with(label, false, None)
+        Broker::start_with(label, false, None, &[])
+    }
+
+    /// A broker with a plaintext listener and these `key=value` lines in
+    /// its server.properties.
+    pub fn start_set(label: &str, settings: &[&str]) -> Broker {
+        Broker::start_with(label, false, None, settings)
     }
 
     /// A broker with plaintext, SSL and SASL_SSL listeners.
     pub fn start_secure(label: &str) -> Broker {
-        Broker::start_with(label, true, None)
+        Broker::start_with(label, true, None, &[])
     }
 
     /// A broker whose plaintext listener is on `host`, a local address
     /// (the controller stays on 127.0.0.1).
     pub fn start_on(label: &str, host: &str) -> Broker {
-        Broker::start_with(label, false, Some(host))
+        Broker::start_with(label, false, Some(host), &[])
     }
 
-    fn start_with(label: &str, secure: bool, host: Option<&str>) -> Broker {
+    fn start_with(label: &str, secure: bool, host: Option<&str>, settings: &[&str]) -> Broker {
         let dir = std::env::temp_dir().join(format!("pgwal-kafka-{label}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         // four free ports below the ephemeral range (the controller takes
@@ -224,9 +230,25 @@ impl Broker {
         if let Some(h) = host {
             args.extend(["--host", h]);
         }
+        for s in settings {
+            args.extend(["--set", s]);
+        }
         let addr = run(&args);
         let secure = secure.then(|| Secure::read(&dir));
         Broker { dir, addr, secure }
+    }
+
+    /// Creates `topic` with Kafka's topic tool.
+    pub fn create_topic(&self, topic: &str) {
+        run(&[
+            "tool",
+            "org.apache.kafka.tools.TopicCommand",
+            "--bootstrap-server",
+            &self.addr,
+            "--create",
+            "--topic",
+            topic,
+        ]);
     }
 
     /// SIGKILL, then start again on the same data and port.
