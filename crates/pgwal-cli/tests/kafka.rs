@@ -3175,6 +3175,125 @@ fn kafka_sink_snapshot_warns_a_role_without_pg_read_all_stats() {
     eprintln!("{label}: warned once without pg_read_all_stats, not with it");
 }
 
+/// A snapshot signal sent inside a transaction large enough to be streamed
+/// (`logical_decoding_work_mem` 64 kB): the sink acts on it at the
+/// transaction's commit, and not at all when the transaction aborts.
+/// Before, a signal inside a streamed block was dropped without a word.
+#[test]
+fn kafka_sink_snapshot_signal_inside_a_streamed_transaction() {
+    if !broker::have_java() {
+        eprintln!("NOTICE: no java; the Kafka snapshot test is skipped");
+        return;
+    }
+    let Some((label, bin)) = support::servers().into_iter().find(|(l, _)| *l == "pg18") else {
+        eprintln!("NOTICE: no PostgreSQL 18; skipped");
+        return;
+    };
+    let _one = one_broker();
+    let b = Broker::start("streamed-signal");
+    let kafka = broker::sink_args(&b.addr, &[]);
+    let (c, logs) = cluster_with_kslot_for(
+        label,
+        &bin,
+        "streamed-signal",
+        Options {
+            conf: vec!["logical_decoding_work_mem = '64kB'".into()],
+            ..Options::default()
+        },
+        "CREATE TABLE bulk (id int PRIMARY KEY, note text);
+         CREATE TABLE sig_a (id int PRIMARY KEY);
+         INSERT INTO sig_a SELECT generate_series(1, 10);
+         CREATE TABLE sig_b (id int PRIMARY KEY);
+         INSERT INTO sig_b SELECT generate_series(1, 5);
+         CREATE PUBLICATION p FOR TABLE bulk, sig_a, sig_b;",
+    );
+    let signal = |table: &str| {
+        format!(
+            "SELECT pg_logical_emit_message(true, 'pgwal.snapshot', '{{\"tables\": [\"public.{table}\"]}}');"
+        )
+    };
+    let mut sink = start_sink(&c, &kafka, &logs, 0, &[]);
+    sink.wait_streaming();
+    // committed, the signal after the first streamed block
+    c.psql(&format!(
+        "BEGIN;
+         INSERT INTO bulk SELECT g, repeat('x', 50) FROM generate_series(1, 5000) g;
+         {}
+         INSERT INTO bulk SELECT g, 'after' FROM generate_series(5001, 5010) g;
+         COMMIT;",
+        signal("sig_a")
+    ));
+    // aborted: its signal must not count. It is streamed only if decoded
+    // while it is still in progress (an aborted transaction's changes are
+    // dropped, not streamed), and its signal only in a block before the
+    // abort: so both halves wait for the walsender
+    c.psql(&format!(
+        "BEGIN;
+         INSERT INTO bulk SELECT g, repeat('x', 50) FROM generate_series(10001, 15000) g;
+         SELECT pg_sleep(1);
+         {}
+         INSERT INTO bulk SELECT g, repeat('x', 50) FROM generate_series(15001, 20000) g;
+         SELECT pg_sleep(1);
+         ROLLBACK;
+         INSERT INTO bulk VALUES (40000, 'last');",
+        signal("sig_b")
+    ));
+    let end = c.insert_lsn();
+    let t0 = Instant::now();
+    loop {
+        let p = kafka_progress_value(&b.addr, &c);
+        if let Some(p) = p {
+            let at: Lsn = p["end_lsn"].as_str().unwrap().parse().unwrap();
+            if at >= end && p.get("snapshot").is_none() {
+                break;
+            }
+        }
+        sink.assert_running(label);
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{label}: not caught up in 60 s:\n{}",
+            sink.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (ok, log) = sink.terminate();
+    assert!(ok, "{label}: pgwal failed:\n{log}");
+    // the walsender reports its counts when it exits, a moment after pgwal
+    let streamed_txns = || -> u64 {
+        c.query("SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = 'kslot'")
+            .parse()
+            .unwrap()
+    };
+    let t0 = Instant::now();
+    while streamed_txns() < 2 && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let streamed = streamed_txns();
+    assert!(
+        streamed >= 2,
+        "{label}: {streamed} transactions streamed, not both"
+    );
+    let records = read_all(
+        &b.addr,
+        &[&topic("bulk"), &topic("sig_a"), &topic("sig_b")],
+        "read_committed",
+    );
+    let count = |t: &str| records.iter().filter(|r| r.topic == topic(t)).count();
+    assert_eq!(count("bulk"), 5011, "{label}: bulk");
+    assert_eq!(
+        count("sig_a"),
+        10,
+        "{label}: sig_a not snapshotted at the commit:\n{log}"
+    );
+    assert_eq!(
+        count("sig_b"),
+        0,
+        "{label}: the aborted transaction's signal counted"
+    );
+    let _ = std::fs::remove_dir_all(&logs);
+    eprintln!("{label}: {streamed} streamed transactions; the committed one's signal snapshotted sig_a (10 rows), the aborted one's none");
+}
+
 /// The verdicts on a snapshot test's topics once the sink caught up to
 /// `end`: every change of the reference stream (slot `ref` on
 /// `stream_from`) exactly once, each row read at most once per snapshot

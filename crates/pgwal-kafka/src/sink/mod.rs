@@ -258,6 +258,9 @@ struct Session<'a> {
     /// `BadRecordPolicy::Fail`, by top-level xid with their subtransaction:
     /// the error comes at the commit, unless they abort first.
     failed_streamed: HashMap<u32, Vec<(u32, SinkError)>>,
+    /// Snapshot signals inside streamed transactions, by top-level xid,
+    /// with their positions: acted on at the transaction's commit.
+    streamed_signals: HashMap<u32, Vec<(bytes::Bytes, Lsn)>>,
     /// Where the current transaction's records stand in it.
     order: TxOrder,
     /// The server's commit time of the latest transaction written.
@@ -350,6 +353,7 @@ impl<'a> Session<'a> {
             writing_xid: None,
             current: None,
             failed_streamed: HashMap::new(),
+            streamed_signals: HashMap::new(),
             order: TxOrder::new(),
             tx_commit_time: None,
             batch_first_commit_time: None,
@@ -746,7 +750,11 @@ impl<'a> Session<'a> {
                         self.failed_streamed.remove(&a.xid);
                     }
                 }
+                // a signal of a subtransaction that rolled back cannot be
+                // told from the others (pgoutput gives a streamed message
+                // its top-level xid), so it still counts at the commit
                 if a.xid == a.subxid {
+                    self.streamed_signals.remove(&a.xid);
                     self.streamed_tables.remove(&a.xid);
                     if let Some(s) = self.streamed.remove(&a.xid) {
                         self.streamed_bytes -= s.memory_bytes();
@@ -769,6 +777,7 @@ impl<'a> Session<'a> {
                 let spill = self.streamed.remove(&c.xid).unwrap_or_else(Spill::new);
                 self.streamed_bytes -= spill.memory_bytes();
                 let touched = self.streamed_tables.remove(&c.xid).unwrap_or_default();
+                let signals = self.streamed_signals.remove(&c.xid).unwrap_or_default();
                 if c.commit_lsn < self.written {
                     self.stats.skipped += 1;
                     stream.ack(c.end_lsn);
@@ -806,6 +815,10 @@ impl<'a> Session<'a> {
                             Some(stamp(format, v, &tx, &mut order).map_err(std::io::Error::other)?);
                     }
                     self.send(&r, producer).await?;
+                }
+                // in commit order, in the Kafka transaction of its records
+                for (content, lsn) in signals {
+                    self.signal(&content, lsn);
                 }
                 self.stats.transactions += 1;
                 self.sink.live.transaction();
@@ -852,6 +865,7 @@ impl<'a> Session<'a> {
                 self.skip_current = false;
                 self.streamed.clear();
                 self.failed_streamed.clear();
+                self.streamed_signals.clear();
                 self.streamed_bytes = 0;
                 self.block = None;
                 // Kafka holds the snapshot as far as its last commit
@@ -876,6 +890,18 @@ impl<'a> Session<'a> {
                     }
                 } else if m.prefix == snapshot::SIGNAL_PREFIX && self.sink.snapshot_signals {
                     self.signal(&m.content, m.lsn);
+                }
+            }
+            Event::Message(m)
+                if m.is_transactional()
+                    && m.prefix == snapshot::SIGNAL_PREFIX
+                    && self.sink.snapshot_signals =>
+            {
+                if let Some(top) = self.block {
+                    self.streamed_signals
+                        .entry(top)
+                        .or_default()
+                        .push((m.content.clone(), m.lsn));
                 }
             }
             // checked at the start: a slot made two-phase since
