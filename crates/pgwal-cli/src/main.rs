@@ -68,6 +68,10 @@ struct SnapshotArgs {
     /// A published table, schema.table (repeatable).
     #[arg(long = "table", value_name = "TABLE", required = true)]
     tables: Vec<String>,
+    /// Only the sink streaming from this slot acts on the signal (every
+    /// sink on the database sees it; without this, every one snapshots).
+    #[arg(long = "slot", value_name = "SLOT")]
+    slot: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -194,7 +198,7 @@ fn main() -> ExitCode {
             }
             Command::Slot(SlotCommand::Drop(a)) => slot_cmd::drop(config, &a.name, a.wait).await,
             Command::Slot(SlotCommand::List(a)) => slot_cmd::list(config, a.format).await,
-            Command::Snapshot(a) => snapshot_cmd::run(config, &a.tables).await,
+            Command::Snapshot(a) => snapshot_cmd::run(config, &a.tables, a.slot.as_deref()).await,
         };
         r.map_err(Into::into)
     });

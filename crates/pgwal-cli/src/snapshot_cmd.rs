@@ -3,11 +3,12 @@
 
 use pgwal::{Config, ReplicationClient, Result};
 
-/// Sends the signal for `tables` and prints its position.
-pub(crate) async fn run(config: Config, tables: &[String]) -> Result<()> {
+/// Sends the signal for `tables` (to the sink on `slot` only, if given)
+/// and prints its position.
+pub(crate) async fn run(config: Config, tables: &[String], slot: Option<&str>) -> Result<()> {
     let mut c = ReplicationClient::connect_sql(&config).await?;
     let rows = c
-        .simple_query(&pgwal_kafka::snapshot::signal_sql(tables))
+        .simple_query(&pgwal_kafka::snapshot::signal_sql(tables, slot))
         .await?;
     let lsn = rows
         .first()
@@ -16,7 +17,7 @@ pub(crate) async fn run(config: Config, tables: &[String]) -> Result<()> {
         .to_owned();
     println!(
         "{}",
-        serde_json::json!({"type": "snapshot_signal", "lsn": lsn, "tables": tables})
+        serde_json::json!({"type": "snapshot_signal", "lsn": lsn, "tables": tables, "slot": slot})
     );
     Ok(())
 }

@@ -3294,6 +3294,84 @@ fn kafka_sink_snapshot_signal_inside_a_streamed_transaction() {
     eprintln!("{label}: {streamed} streamed transactions; the committed one's signal snapshotted sig_a (10 rows), the aborted one's none");
 }
 
+/// A signal for another slot's sink (`pgwal snapshot --slot`) is seen by
+/// every sink on the database and acted on only by the one it names.
+#[test]
+fn kafka_sink_snapshot_signal_for_another_slot_is_ignored() {
+    if !broker::have_java() {
+        eprintln!("NOTICE: no java; the Kafka snapshot test is skipped");
+        return;
+    }
+    let Some((label, bin)) = support::servers().into_iter().find(|(l, _)| *l == "pg18") else {
+        eprintln!("NOTICE: no PostgreSQL 18; skipped");
+        return;
+    };
+    let _one = one_broker();
+    let b = Broker::start("slot-signal");
+    let kafka = broker::sink_args(&b.addr, &[]);
+    let (c, logs) = cluster_with_kslot_for(
+        label,
+        &bin,
+        "slot-signal",
+        Options::default(),
+        "CREATE TABLE st (id int PRIMARY KEY);
+         INSERT INTO st SELECT generate_series(1, 7);
+         CREATE PUBLICATION p FOR TABLE st;",
+    );
+    let mut sink = start_sink(&c, &kafka, &logs, 0, &[]);
+    sink.wait_streaming();
+    let mut signal_and_wait = |slot: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_pgwal"))
+            .arg("-d")
+            .arg(format!("{} sslmode=disable", c.conninfo("postgres")))
+            .args(["snapshot", "--table", "public.st", "--slot", slot])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{label}: pgwal snapshot failed: {out:?}"
+        );
+        let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(printed["slot"], slot);
+        let signal: Lsn = printed["lsn"].as_str().unwrap().parse().unwrap();
+        let t0 = Instant::now();
+        loop {
+            if let Some(p) = kafka_progress_value(&b.addr, &c) {
+                let end: Lsn = p["end_lsn"].as_str().unwrap().parse().unwrap();
+                if end > signal && p.get("snapshot").is_none() {
+                    break;
+                }
+            }
+            sink.assert_running(label);
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "{label}: the signal for {slot} not passed in 60 s:\n{}",
+                sink.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        read_all(&b.addr, &[&topic("st")], "read_committed").len()
+    };
+    assert_eq!(
+        signal_and_wait("another"),
+        0,
+        "{label}: a signal for another slot was acted on"
+    );
+    assert_eq!(
+        signal_and_wait("kslot"),
+        7,
+        "{label}: the signal for this slot was not"
+    );
+    let (ok, log) = sink.terminate();
+    assert!(ok, "{label}: pgwal failed:\n{log}");
+    assert!(
+        log.contains("snapshot signal for another slot's sink; ignored"),
+        "{label}: no word of the ignored signal:\n{log}"
+    );
+    let _ = std::fs::remove_dir_all(&logs);
+    eprintln!("{label}: the signal for another slot ignored, the one for kslot snapshotted 7 rows");
+}
+
 /// The verdicts on a snapshot test's topics once the sink caught up to
 /// `end`: every change of the reference stream (slot `ref` on
 /// `stream_from`) exactly once, each row read at most once per snapshot

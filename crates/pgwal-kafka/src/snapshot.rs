@@ -184,14 +184,23 @@ pub enum SnapshotError {
 
 /// The SQL that signals a snapshot of `tables` (`schema.table`) to a sink
 /// streaming from this database: a transactional logical message, which
-/// reaches the sink in commit order with the changes.
+/// reaches the sink in commit order with the changes. With `slot`, only
+/// the sink streaming from that slot acts on it; every sink on the
+/// database sees a signal.
 ///
 /// ```
-/// let sql = pgwal_kafka::snapshot::signal_sql(&["public.orders".to_owned()]);
+/// let tables = ["public.orders".to_owned()];
+/// let sql = pgwal_kafka::snapshot::signal_sql(&tables, None);
 /// assert_eq!(sql, r#"SELECT pg_catalog.pg_logical_emit_message(true, 'pgwal.snapshot', '{"tables":["public.orders"]}')"#);
+/// let sql = pgwal_kafka::snapshot::signal_sql(&tables, Some("orders_kafka"));
+/// assert_eq!(sql, r#"SELECT pg_catalog.pg_logical_emit_message(true, 'pgwal.snapshot', '{"slot":"orders_kafka","tables":["public.orders"]}')"#);
 /// ```
-pub fn signal_sql(tables: &[String]) -> String {
-    let content = serde_json::json!({ "tables": tables }).to_string();
+pub fn signal_sql(tables: &[String], slot: Option<&str>) -> String {
+    let content = match slot {
+        Some(slot) => serde_json::json!({ "tables": tables, "slot": slot }),
+        None => serde_json::json!({ "tables": tables }),
+    }
+    .to_string();
     format!(
         "SELECT pg_catalog.pg_logical_emit_message(true, {}, {})",
         quote_literal(SIGNAL_PREFIX),
@@ -199,14 +208,20 @@ pub fn signal_sql(tables: &[String]) -> String {
     )
 }
 
-/// The signal's content: which tables to snapshot.
-pub fn parse_signal(content: &[u8]) -> Result<Vec<String>, String> {
-    #[derive(Deserialize)]
-    struct Signal {
-        tables: Vec<String>,
-    }
-    let s: Signal = serde_json::from_slice(content).map_err(|e| e.to_string())?;
-    Ok(s.tables)
+/// A snapshot signal's content.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[non_exhaustive]
+pub struct Signal {
+    /// The tables to snapshot, `schema.table`.
+    pub tables: Vec<String>,
+    /// The slot of the only sink that acts on it (`None`: every sink).
+    #[serde(default)]
+    pub slot: Option<String>,
+}
+
+/// The signal's content: which tables to snapshot, and for which slot.
+pub fn parse_signal(content: &[u8]) -> Result<Signal, String> {
+    serde_json::from_slice(content).map_err(|e| e.to_string())
 }
 
 /// One chunk read, waiting for its watermark.
@@ -870,10 +885,11 @@ mod tests {
 
     #[test]
     fn signals() {
-        assert_eq!(
-            parse_signal(br#"{"tables": ["public.t"]}"#).unwrap(),
-            vec!["public.t".to_owned()]
-        );
+        let s = parse_signal(br#"{"tables": ["public.t"]}"#).unwrap();
+        assert_eq!(s.tables, vec!["public.t".to_owned()]);
+        assert_eq!(s.slot, None);
+        let s = parse_signal(br#"{"tables": ["public.t"], "slot": "k"}"#).unwrap();
+        assert_eq!(s.slot.as_deref(), Some("k"));
         assert!(parse_signal(b"public.t").is_err());
     }
 }

@@ -324,7 +324,13 @@ impl Session<'_> {
             Err(e) => {
                 tracing::warn!(%lsn, error = %e, "snapshot signal ignored: not {{\"tables\": [\"schema.table\", ...]}}")
             }
-            Ok(tables) => {
+            Ok(snapshot::Signal {
+                slot: Some(slot), ..
+            }) if slot != self.slot => {
+                tracing::info!(%lsn, %slot, "snapshot signal for another slot's sink; ignored");
+            }
+            Ok(signal) => {
+                let tables = signal.tables;
                 tracing::info!(%lsn, ?tables, "snapshot signal");
                 let add = SnapshotCursor::new(tables).tables;
                 self.snapshot
