@@ -57,7 +57,7 @@ pub enum ProducerError {
     Join,
     /// The progress topic could not be read to its end in time; a
     /// position read short of it could be stale, so none is guessed.
-    #[error("progress topic {topic}: read to offset {offset} of {end} within the timeout")]
+    #[error("progress topic {topic}: {} within the timeout", read_so_far(*.offset, *.end))]
     ProgressTimeout {
         /// The topic.
         topic: String,
@@ -109,6 +109,16 @@ pub enum ProducerError {
         /// Where.
         offset: i64,
     },
+}
+
+/// How far a progress read came, for [`ProducerError::ProgressTimeout`]:
+/// a read that never got a position says so, not an invalid offset.
+fn read_so_far(offset: i64, end: i64) -> String {
+    if offset < 0 {
+        format!("nothing read up to its end at offset {end}")
+    } else {
+        format!("read to offset {offset} of {end}")
+    }
 }
 
 /// Where the producer writes and how long it may wait.
@@ -699,6 +709,28 @@ fn liveness(cc: &mut ClientConfig, timeout: Duration) {
 mod tests {
     use super::*;
     use rdkafka::types::RDKafkaErrorCode;
+
+    #[test]
+    fn a_progress_read_that_got_nowhere_says_so() {
+        let e = ProducerError::ProgressTimeout {
+            topic: "pgwal.progress".into(),
+            offset: -1001,
+            end: 1,
+        };
+        assert_eq!(
+            e.to_string(),
+            "progress topic pgwal.progress: nothing read up to its end at offset 1 within the timeout"
+        );
+        let e = ProducerError::ProgressTimeout {
+            topic: "pgwal.progress".into(),
+            offset: 5,
+            end: 9,
+        };
+        assert_eq!(
+            e.to_string(),
+            "progress topic pgwal.progress: read to offset 5 of 9 within the timeout"
+        );
+    }
 
     #[test]
     fn a_failed_end_query_is_asked_again_and_never_read_as_empty() {
