@@ -3372,6 +3372,69 @@ fn kafka_sink_snapshot_signal_for_another_slot_is_ignored() {
     eprintln!("{label}: the signal for another slot ignored, the one for kslot snapshotted 7 rows");
 }
 
+/// With `--kafka-avro` the size limit applies to the Avro record, not to
+/// the Connect JSON it is converted from: a row with 800 kB of bytea
+/// (about 1.07 MB as base64 JSON with its schema, about 800 kB in Avro)
+/// is written, snapshotted and streamed, under the default limit of
+/// 1,000,000 bytes. Before, it was refused as too large (exit 5).
+#[test]
+fn kafka_sink_avro_sizes_records_as_avro() {
+    if !broker::have_java() || !broker::have_registry() {
+        eprintln!("NOTICE: no java or no schema registry; the Kafka Avro test is skipped");
+        return;
+    }
+    let Some((label, bin)) = support::servers().into_iter().find(|(l, _)| *l == "pg18") else {
+        eprintln!("NOTICE: no PostgreSQL 18; skipped");
+        return;
+    };
+    let _one = one_broker();
+    let b = Broker::start("avro-size");
+    let registry = broker::Registry::start("avro-size");
+    let kafka = broker::sink_args(&b.addr, &[]);
+    let (c, logs) = cluster_with_kslot_for(
+        label,
+        &bin,
+        "avro-size",
+        Options::default(),
+        "CREATE TABLE blob (id int PRIMARY KEY, raw bytea);
+         ALTER TABLE blob ALTER COLUMN raw SET STORAGE EXTERNAL;
+         INSERT INTO blob SELECT 1, decode(string_agg(md5(g::text), ''), 'hex')
+             FROM generate_series(1, 50000) g;
+         CREATE PUBLICATION p FOR TABLE blob;",
+    );
+    let avro = ["--kafka-avro", "--kafka-schema-registry", &registry.url];
+    // snapshotted, then an insert streamed
+    let sink = start_sink(&c, &kafka, &logs, 0, &[&avro[..], &["--snapshot"]].concat());
+    wait_for_log(&sink, 0, "snapshot finished", Duration::from_secs(120));
+    let (ok, log) = sink.terminate();
+    assert!(ok, "{label}: the snapshot run failed:\n{log}");
+    c.psql("INSERT INTO blob SELECT 2, raw FROM blob WHERE id = 1;");
+    let end = c.insert_lsn();
+    let (code, log) = start_sink(
+        &c,
+        &kafka,
+        &logs,
+        1,
+        &[&avro[..], &["--stop-lsn", &end.to_string()]].concat(),
+    )
+    .wait_code(Duration::from_secs(120));
+    assert_eq!(code, Some(0), "{label}: the streaming run failed:\n{log}");
+    let records = read_all(&b.addr, &[&topic("blob")], "read_committed");
+    let sizes: Vec<usize> = records
+        .iter()
+        .map(|r| r.value.as_ref().map_or(0, Vec::len))
+        .collect();
+    assert_eq!(sizes.len(), 2, "{label}: {} records", sizes.len());
+    assert!(
+        sizes.iter().all(|n| (800_000..1_000_000).contains(n)),
+        "{label}: Avro values of {sizes:?} bytes"
+    );
+    let _ = std::fs::remove_dir_all(&logs);
+    eprintln!(
+        "{label}: two 800 kB bytea rows written in Avro ({sizes:?} bytes), a snapshot and a change"
+    );
+}
+
 /// The verdicts on a snapshot test's topics once the sink caught up to
 /// `end`: every change of the reference stream (slot `ref` on
 /// `stream_from`) exactly once, each row read at most once per snapshot

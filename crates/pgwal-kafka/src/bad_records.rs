@@ -56,6 +56,9 @@ pub enum BadRecordReason {
         /// The limit.
         limit: usize,
     },
+    /// Its key or value has no Avro form (`--kafka-avro`).
+    #[error(transparent)]
+    Avro(crate::avro_converter::ConvertError),
 }
 
 /// `schema.table` (for a truncate, its tables) and the position of a

@@ -5,6 +5,8 @@
 use super::*;
 
 impl Session<'_> {
+    /// Sends a record as the stream encoded it: in Avro, converted first
+    /// (a streamed transaction's records, stamped at its commit).
     pub(super) async fn send(
         &mut self,
         r: &Record,
@@ -28,6 +30,15 @@ impl Session<'_> {
             }
             None => r,
         };
+        self.send_ready(r, producer).await
+    }
+
+    /// Sends a record in its final form (Avro already, or JSON).
+    pub(super) async fn send_ready(
+        &mut self,
+        r: &Record,
+        producer: &mut KafkaProducer,
+    ) -> Result<(), Failure> {
         let n = r.key.as_ref().map_or(0, Vec::len) + r.value.as_ref().map_or(0, Vec::len);
         self.stats.records += 1;
         self.stats.bytes += n as u64;

@@ -954,7 +954,8 @@ impl<'a> Session<'a> {
                 event,
                 now,
             );
-            let records = match self.writable(event, &tx, encoded) {
+            let records = match self.writable(event, &tx, encoded.map_err(BadRecordReason::Format))
+            {
                 Ok(Some(records)) => records,
                 Ok(None) => return Ok(()),
                 // the transaction may still abort, or this subtransaction:
@@ -1005,13 +1006,52 @@ impl<'a> Session<'a> {
             event,
             now,
         );
-        let Some(records) = self.writable(event, &tx, encoded)? else {
+        let Some(records) = self.admit(event, &tx, encoded).await? else {
             return Ok(());
         };
         for r in records {
-            self.send(&r, producer).await?;
+            self.send_ready(&r, producer).await?;
         }
         Ok(())
+    }
+
+    /// The records to send for a change outside a streamed transaction,
+    /// in their final form: converted to Avro first (with `--kafka-avro`),
+    /// so that the size limit and the bad-record policy apply to the
+    /// bytes Kafka gets. A value with no Avro form is a bad record; a
+    /// registry that cannot be reached, or refuses a schema, still ends
+    /// the session.
+    // as `writable`
+    #[allow(clippy::result_large_err)]
+    async fn admit(
+        &mut self,
+        event: &Event,
+        tx: &TxInfo,
+        encoded: Result<Vec<Record>, FormatError>,
+    ) -> Result<Option<Vec<Record>>, Failure> {
+        let encoded = match (encoded, self.avro.as_deref_mut()) {
+            (Err(e), _) => Err(BadRecordReason::Format(e)),
+            (Ok(records), None) => Ok(records),
+            (Ok(records), Some(c)) => {
+                let mut converted = Vec::with_capacity(records.len());
+                let mut failed = None;
+                for r in &records {
+                    match c.convert(r).await {
+                        Ok(a) => converted.push(a),
+                        Err(e @ ConvertError::Avro { .. }) => {
+                            failed = Some(BadRecordReason::Avro(e));
+                            break;
+                        }
+                        Err(e) => return Err(Failure::Other(SinkError::Avro(e))),
+                    }
+                }
+                match failed {
+                    Some(reason) => Err(reason),
+                    None => Ok(converted),
+                }
+            }
+        };
+        self.writable(event, tx, encoded)
     }
 
     /// The records to write for a change: its own, or by the bad-record
@@ -1024,7 +1064,7 @@ impl<'a> Session<'a> {
         &mut self,
         event: &Event,
         tx: &TxInfo,
-        encoded: Result<Vec<Record>, FormatError>,
+        encoded: Result<Vec<Record>, BadRecordReason>,
     ) -> Result<Option<Vec<Record>>, Failure> {
         let limit = self.sink.max_record_bytes;
         let size =
@@ -1040,7 +1080,7 @@ impl<'a> Session<'a> {
                     big.key.clone().filter(|k| k.len() <= limit / 2),
                 ),
             },
-            Err(e) => (BadRecordReason::Format(e), None),
+            Err(reason) => (reason, None),
         };
         let (table, lsn) = bad_records::describe(event);
         match &self.sink.bad_records {

@@ -236,9 +236,9 @@ impl Session<'_> {
                 now,
             );
             let event = Event::Insert(pgwal::Change::insert(lsn, row));
-            if let Some(records) = self.writable(&event, &tx, encoded)? {
+            if let Some(records) = self.admit(&event, &tx, encoded).await? {
                 for r in records {
-                    self.send(&r, producer).await?;
+                    self.send_ready(&r, producer).await?;
                 }
                 n += 1;
             }
